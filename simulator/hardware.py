@@ -1,0 +1,147 @@
+"""``GpuSpec`` and ``ClusterSpec``: what the hardware is, read from ``hardware_specs/*.yaml``.
+
+Spec sheets only: how fast the hardware really runs (achieved GEMM efficiency, NCCL bus
+bandwidth) lives in the ``HardwareProfile``, which is measured or taken from published
+microbenchmarks.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hardware_specs import SPEC_DIR
+from simulator._io import build, read_mapping
+from simulator.errors import ConfigError
+
+GIB = 1024**3
+
+
+class PeakTflops(BaseModel):
+    """Dense peak throughput per data type, TFLOP/s (no sparsity)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bf16: float = Field(gt=0)
+    fp16: float = Field(gt=0)
+    tf32: float = Field(gt=0)
+    fp32: float = Field(gt=0, description="Non-tensor-core FP32.")
+    fp8: float | None = Field(None, gt=0, description="Hopper and later only.")
+
+
+def _require_sources(spec: BaseModel, sources: dict[str, str]) -> None:
+    missing = [
+        name
+        for name, field in type(spec).model_fields.items()
+        if name not in {"name", "sources", "gpu", "architecture", "nvswitch", "fabric"}
+        and getattr(spec, name) is not None
+        and name not in sources
+    ]
+    if missing:
+        raise ValueError(f"{spec.name}: fields {missing} have no entry under 'sources'; every number needs its source")
+
+
+class GpuSpec(BaseModel):
+    """One accelerator's spec sheet."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    architecture: str
+    sm_count: int = Field(gt=0)
+    peak_tflops: PeakTflops
+    hbm_capacity_gib: float = Field(gt=0, description="Device memory, GiB.")
+    hbm_bandwidth_gbps: float = Field(gt=0, description="Peak HBM bandwidth, GB/s (decimal).")
+    l2_cache_mb: float = Field(gt=0)
+    nvlink_bandwidth_gbps_per_direction: float = Field(gt=0, description="NVLink per GPU, GB/s per direction.")
+    tdp_w: float = Field(gt=0)
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _every_number_has_a_source(self) -> "GpuSpec":
+        _require_sources(self, self.sources)
+        return self
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.hbm_capacity_gib * GIB)
+
+
+class FabricKind(str, Enum):
+    rail_optimized_fat_tree = "rail-optimized-fat-tree"
+
+
+class FabricSpec(BaseModel):
+    """The inter-node network: a rail-optimised leaf/spine fat tree (DGX SuperPOD)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: FabricKind
+    nodes_per_scalable_unit: int = Field(gt=0, description="Nodes whose same-rail NICs share one leaf switch.")
+    leaf_switches_per_scalable_unit: int = Field(gt=0)
+    switch_latency_ns: float = Field(ge=0, description="Port-to-port latency of one switch hop.")
+
+
+class ClusterSpec(BaseModel):
+    """A cluster of identical nodes: the node's GPUs and NVLink, its NICs and the fabric between nodes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    gpu: GpuSpec
+    gpus_per_node: int = Field(gt=0)
+    nvswitch: bool = Field(description="All GPUs of a node reach each other at full NVLink bandwidth.")
+    nvlink_bandwidth_gbps_per_direction: float = Field(gt=0, description="NVLink per GPU, GB/s per direction.")
+    nics_per_node: int = Field(gt=0)
+    nic_line_rate_gbit_s: float = Field(gt=0, description="Line rate of one compute NIC, Gb/s (bits).")
+    fabric: FabricSpec
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _every_number_has_a_source(self) -> "ClusterSpec":
+        _require_sources(self, self.sources)
+        return self
+
+    @property
+    def nic_bandwidth_gbps_per_gpu(self) -> float:
+        """Inter-node line rate available to each GPU, GB/s per direction."""
+        return self.nics_per_node * self.nic_line_rate_gbit_s / 8 / self.gpus_per_node
+
+
+def _spec_files(kind: str) -> dict[str, Path]:
+    return {p.stem: p for p in sorted((SPEC_DIR / kind).glob("*.yaml"))}
+
+
+def gpu_names() -> list[str]:
+    return [read_mapping(p, "GPU spec")["name"] for p in _spec_files("gpus").values()]
+
+
+def cluster_names() -> list[str]:
+    return list(_spec_files("clusters"))
+
+
+def load_gpu(name_or_path: str) -> GpuSpec:
+    """A GPU by its name (``A100-SXM4-80GB``, case-insensitive) or a YAML file."""
+    path = _spec_files("gpus").get(name_or_path.lower())
+    if path is None:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ConfigError(f"unknown GPU {name_or_path!r}; use one of {', '.join(gpu_names())} or a YAML file")
+    return build(GpuSpec, read_mapping(path, "GPU spec"), f"GPU spec {str(path)!r}")
+
+
+def load_cluster(name_or_path: str) -> ClusterSpec:
+    """A cluster preset (``dgx-a100-80gb``) or a YAML file whose ``gpu`` names a GPU spec."""
+    path = _spec_files("clusters").get(name_or_path)
+    if path is None:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ConfigError(
+                f"unknown cluster {name_or_path!r}; use one of {', '.join(cluster_names())} or a YAML file"
+            )
+    data = read_mapping(path, "cluster spec")
+    if isinstance(data.get("gpu"), str):
+        data["gpu"] = load_gpu(data["gpu"])
+    return build(ClusterSpec, data, f"cluster spec {str(path)!r}")

@@ -1,0 +1,444 @@
+"""The operation graph of one GPT layer on one tensor-parallel rank, and of the stage extras.
+
+Every operation carries its FLOPs, the HBM bytes it moves, its GEMM shape or collective, and
+the tensors it saves for the backward pass. The memory model sums those saved tensors and the
+time model costs the same operations, so the two can never disagree.
+
+Shapes follow Korthikanti et al. 2022 (Table 1): s sequence, b micro-batch, h hidden, a heads,
+t tensor-parallel size. With sequence parallelism the norms, dropouts and residual adds work on
+s/t tokens; Megatron's ``ColumnParallelLinear`` then saves its *sharded* input and all-gathers
+it again in the backward pass, which is what makes every activation divisible by t (Eq. 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import lru_cache
+
+import networkx as nx
+
+from simulator.model import ModelSpec, Normalization, PositionEmbedding
+from simulator.plan import ParallelPlan, RecomputeGranularity
+
+CORE_ATTENTION = "core_attention"  # the region selective recompute replays (Korthikanti Section 5)
+MASK_BYTES = 1  # Megatron keeps dropout masks as 1-byte booleans
+FP32_BYTES = 4
+
+
+class OpKind(str, Enum):
+    gemm = "gemm"  # weight GEMM (cuBLAS)
+    batched_gemm = "batched_gemm"  # attention's activation x activation products
+    flash_attention = "flash_attention"  # fused attention kernel
+    elementwise = "elementwise"  # memory-bound: norms, softmax, dropout, activations
+    collective = "collective"  # tensor-parallel NCCL collective
+
+
+class Stream(str, Enum):
+    compute = "compute"
+    tp_comm = "tp_comm"
+
+
+class CollectiveKind(str, Enum):
+    all_reduce = "all_reduce"
+    all_gather = "all_gather"
+    reduce_scatter = "reduce_scatter"
+    send_recv = "send_recv"
+
+
+@dataclass(frozen=True, slots=True)
+class SavedTensor:
+    """A tensor kept alive from the forward to the backward pass."""
+
+    name: str
+    numel: int
+    dtype_bytes: int
+    region_input: bool = False  # an input of the core-attention region: kept under selective recompute
+
+    @property
+    def bytes(self) -> int:
+        return self.numel * self.dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GemmShape:
+    """C[m, n] = A[m, k] @ B[k, n], ``batch`` times."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveOp:
+    kind: CollectiveKind
+    bytes: int  # the full buffer: all-reduce size, all-gather output, reduce-scatter input
+    group_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    name: str
+    kind: OpKind
+    flops: float = 0.0
+    bytes_moved: float = 0.0  # HBM traffic of a memory-bound op
+    gemm: GemmShape | None = None
+    collective: CollectiveOp | None = None
+    saves: tuple[SavedTensor, ...] = ()
+    region: str = ""
+    # flash attention: (batch x heads, sequence, head size, causal) for the attention cost model
+    attention: tuple[int, int, int, bool] | None = None
+
+    @property
+    def stream(self) -> Stream:
+        return Stream.tp_comm if self.kind is OpKind.collective else Stream.compute
+
+
+@dataclass
+class _Builder:
+    """Adds ops to a DiGraph; by default each op depends on the previous one."""
+
+    prefix: str
+    graph: nx.DiGraph = field(default_factory=nx.DiGraph)
+    last: str | None = None
+
+    def add(self, op: Op, after: tuple[str, ...] | None = None) -> str:
+        name = f"{self.prefix}{op.name}"
+        op = Op(**{**{f: getattr(op, f) for f in Op.__dataclass_fields__}, "name": name})
+        self.graph.add_node(name, op=op, index=self.graph.number_of_nodes())
+        deps = after if after is not None else ((self.last,) if self.last else ())
+        for dep in deps:
+            if dep is not None:
+                self.graph.add_edge(f"{self.prefix}{dep}" if not dep.startswith(self.prefix) else dep, name)
+        self.last = name
+        return name
+
+
+@dataclass(frozen=True)
+class _Dims:
+    """Per-rank sizes of one layer for a micro-batch."""
+
+    s: int
+    b: int
+    h: int
+    a: int  # attention heads on this rank
+    kv: int  # key/value width on this rank
+    d: int  # head size
+    f: int  # MLP inner width on this rank (per matrix)
+    t: int
+    sp: bool
+    ab: int  # activation bytes per element
+    mlp_in: int  # fc1 output width on this rank (2f with SwiGLU)
+
+    @property
+    def tokens(self) -> int:
+        return self.s * self.b
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens a norm or dropout sees: all of them, or s/t of them under sequence parallelism."""
+        return self.tokens // self.t if self.sp else self.tokens
+
+
+def _dims(model: ModelSpec, plan: ParallelPlan) -> _Dims:
+    t = plan.tensor_parallel_size
+    f = model.ffn_size // t
+    return _Dims(
+        s=model.seq_length,
+        b=plan.micro_batch_size,
+        h=model.hidden_size,
+        a=model.num_attention_heads // t,
+        kv=max(model.kv_size // t, model.head_dim),
+        d=model.head_dim,
+        f=f,
+        t=t,
+        sp=plan.sequence_parallel,
+        ab=plan.precision.activation_bytes,
+        mlp_in=2 * f if model.swiglu else f,
+    )
+
+
+def _elementwise(name: str, numel: int, reads: float, writes: float, ab: int, saves=(), region="", mask=False) -> Op:
+    """A memory-bound op reading ``reads`` and writing ``writes`` tensors of ``numel`` elements."""
+    moved = numel * ab * (reads + writes) + (numel * MASK_BYTES if mask else 0)
+    return Op(name, OpKind.elementwise, flops=0.0, bytes_moved=moved, saves=tuple(saves), region=region)
+
+
+def _gemm(name: str, shape: GemmShape, saves=(), region="", kind=OpKind.gemm) -> Op:
+    return Op(name, kind, flops=shape.flops, gemm=shape, saves=tuple(saves), region=region)
+
+
+def _coll(name: str, kind: CollectiveKind, nbytes: int, t: int) -> Op:
+    return Op(name, OpKind.collective, collective=CollectiveOp(kind, nbytes, t))
+
+
+@dataclass(frozen=True)
+class LayerGraph:
+    """One transformer layer's forward, backward and recompute graphs on one TP rank."""
+
+    forward: nx.DiGraph
+    backward: nx.DiGraph
+    recompute: nx.DiGraph  # ops replayed at the start of the backward pass under the plan's policy
+    input_bytes: int  # the layer input, what full recompute keeps
+
+    def forward_ops(self) -> list[Op]:
+        return ordered_ops(self.forward)
+
+    def saved_tensors(self, granularity: RecomputeGranularity) -> list[SavedTensor]:
+        """Tensors this layer keeps for its backward pass under a recompute granularity (per layer)."""
+        saves = [t for op in self.forward_ops() for t in op.saves]
+        if granularity is RecomputeGranularity.selective:
+            return [t for t in saves if t.region_input or not _in_region(self.forward, t)]
+        if granularity is RecomputeGranularity.full:
+            return [SavedTensor("layer_input", self.input_bytes, 1)]
+        return saves
+
+    def activation_bytes(self, granularity: RecomputeGranularity) -> int:
+        return sum(t.bytes for t in self.saved_tensors(granularity))
+
+
+def _in_region(graph: nx.DiGraph, tensor: SavedTensor) -> bool:
+    for _, data in graph.nodes(data=True):
+        if tensor in data["op"].saves:
+            return data["op"].region == CORE_ATTENTION
+    raise AssertionError(f"saved tensor {tensor.name} belongs to no op")
+
+
+def ordered_ops(graph: nx.DiGraph) -> list[Op]:
+    """Ops in a deterministic topological order (insertion order breaks ties)."""
+    index = nx.get_node_attributes(graph, "index")
+    return [graph.nodes[n]["op"] for n in nx.lexicographical_topological_sort(graph, key=lambda n: index[n])]
+
+
+def _norm(name: str, dm: _Dims, model: ModelSpec, saves: bool = True) -> Op:
+    n = dm.local_tokens * dm.h
+    saved = (SavedTensor(f"{name}.input", n, dm.ab),) if saves else ()
+    return _elementwise(name, n, 1, 1, dm.ab, saves=saved)
+
+
+def _dropout_add(name: str, dm: _Dims, dropout: float) -> Op:
+    n = dm.local_tokens * dm.h
+    if dropout > 0:
+        return _elementwise(name, n, 2, 1, dm.ab, saves=(SavedTensor(f"{name}.mask", n, MASK_BYTES),), mask=True)
+    return _elementwise(name, n, 2, 1, dm.ab)
+
+
+def _forward(model: ModelSpec, plan: ParallelPlan, dm: _Dims) -> nx.DiGraph:
+    g = _Builder("")
+    s, b, h, t, ab = dm.s, dm.b, dm.h, dm.t, dm.ab
+    tokens, full_act = dm.tokens, dm.tokens * h * ab
+    col_input_numel = dm.local_tokens * h  # what ColumnParallelLinear saves (sharded under SP)
+
+    g.add(_norm("input_norm", dm, model))
+    if t > 1 and dm.sp:
+        g.add(_coll("attention_all_gather", CollectiveKind.all_gather, full_act, t))
+    qkv_width = dm.a * dm.d + 2 * dm.kv
+    g.add(_gemm("qkv", GemmShape(tokens, qkv_width, h), saves=(SavedTensor("qkv.input", col_input_numel, ab),)))
+    if model.position_embedding_type is PositionEmbedding.rope:
+        g.add(_elementwise("rotary", tokens * (dm.a * dm.d + dm.kv), 1, 1, ab))
+    q_numel, kv_numel = tokens * dm.a * dm.d, tokens * dm.kv
+    probs = b * dm.a * s * s
+    if plan.use_flash_attention:
+        region_inputs = (
+            SavedTensor("q", q_numel, ab, region_input=True),
+            SavedTensor("k", kv_numel, ab, region_input=True),
+            SavedTensor("v", kv_numel, ab, region_input=True),
+        )
+        lse = SavedTensor("attention.logsumexp", b * dm.a * s, FP32_BYTES)
+        causal_flops = 4.0 * b * dm.a * s * s * dm.d / 2  # causal mask skips half of QK^T and PV
+        g.add(
+            Op("attention", OpKind.flash_attention, flops=causal_flops, saves=region_inputs + (lse,),
+               region=CORE_ATTENTION, attention=(b * dm.a, s, dm.d, True))
+        )
+    else:
+        scores = GemmShape(s, s, dm.d, batch=b * dm.a)
+        g.add(_gemm("attention_scores", scores, kind=OpKind.batched_gemm, region=CORE_ATTENTION, saves=(
+            SavedTensor("q", q_numel, ab, region_input=True), SavedTensor("k", kv_numel, ab, region_input=True))))
+        g.add(_elementwise("softmax", probs, 1, 1, ab, region=CORE_ATTENTION,
+                           saves=(SavedTensor("softmax.output", probs, ab),)))
+        context_saves = [SavedTensor("v", kv_numel, ab, region_input=True)]
+        if model.attention_dropout > 0:
+            g.add(_elementwise("attention_dropout", probs, 1, 1, ab, region=CORE_ATTENTION, mask=True,
+                               saves=(SavedTensor("attention_dropout.mask", probs, MASK_BYTES),)))
+            context_saves.append(SavedTensor("attention_dropout.output", probs, ab))
+        # without dropout the context GEMM keeps the softmax output, already counted once
+        g.add(_gemm("attention_context", GemmShape(s, dm.d, s, batch=b * dm.a), kind=OpKind.batched_gemm,
+                    region=CORE_ATTENTION, saves=tuple(context_saves)))
+    g.add(_gemm("attention_proj", GemmShape(tokens, h, dm.a * dm.d),
+                saves=(SavedTensor("attention_proj.input", q_numel, ab),)))
+    if t > 1:
+        kind = CollectiveKind.reduce_scatter if dm.sp else CollectiveKind.all_reduce
+        g.add(_coll(f"attention_{kind.value}", kind, full_act, t))
+    g.add(_dropout_add("attention_dropout_add", dm, model.hidden_dropout))
+    g.add(_norm("pre_mlp_norm", dm, model))
+    if t > 1 and dm.sp:
+        g.add(_coll("mlp_all_gather", CollectiveKind.all_gather, full_act, t))
+    g.add(_gemm("fc1", GemmShape(tokens, dm.mlp_in, h), saves=(SavedTensor("fc1.input", col_input_numel, ab),)))
+    act_name = "swiglu" if model.swiglu else "gelu"
+    g.add(_elementwise(act_name, tokens * dm.mlp_in, 1, dm.f / dm.mlp_in, ab,
+                       saves=(SavedTensor(f"{act_name}.input", tokens * dm.mlp_in, ab),)))
+    g.add(_gemm("fc2", GemmShape(tokens, h, dm.f), saves=(SavedTensor("fc2.input", tokens * dm.f, ab),)))
+    if t > 1:
+        kind = CollectiveKind.reduce_scatter if dm.sp else CollectiveKind.all_reduce
+        g.add(_coll(f"mlp_{kind.value}", kind, full_act, t))
+    g.add(_dropout_add("mlp_dropout_add", dm, model.hidden_dropout))
+    return g.graph
+
+
+def _backward_linear(g: _Builder, name: str, shape: GemmShape, dm: _Dims, column_parallel: bool, after: str) -> str:
+    """dgrad and wgrad of one linear layer, with the TP collectives Megatron overlaps with them.
+
+    Column-parallel (qkv, fc1): the input gradient needs an all-reduce (or, under SP, a
+    reduce-scatter), launched as soon as dgrad is done and overlapped with wgrad; under SP the
+    sharded saved input is all-gathered again for wgrad, overlapped with dgrad.
+    """
+    full_act = dm.tokens * dm.h * dm.ab
+    gather = None
+    if column_parallel and dm.t > 1 and dm.sp:
+        gather = g.add(_coll(f"{name}.input_all_gather", CollectiveKind.all_gather, full_act, dm.t), after=(after,))
+    dgrad = g.add(_gemm(f"{name}.dgrad", GemmShape(shape.m, shape.k, shape.n)), after=(after,))
+    reduce = None
+    if column_parallel and dm.t > 1:
+        kind = CollectiveKind.reduce_scatter if dm.sp else CollectiveKind.all_reduce
+        reduce = g.add(_coll(f"{name}.dgrad_{kind.value}", kind, full_act, dm.t), after=(dgrad,))
+    g.add(_gemm(f"{name}.wgrad", GemmShape(shape.k, shape.n, shape.m)), after=(dgrad,) + ((gather,) if gather else ()))
+    return reduce or dgrad
+
+
+def _backward(model: ModelSpec, plan: ParallelPlan, dm: _Dims, fwd: nx.DiGraph) -> nx.DiGraph:
+    g = _Builder("")
+    ops = {op.name: op for op in ordered_ops(fwd)}
+    tokens, full_act, t, ab = dm.tokens, dm.tokens * dm.h * dm.ab, dm.t, dm.ab
+    n_local = dm.local_tokens * dm.h
+
+    def eltwise_bwd(name: str, numel: int, reads: float, writes: float, mask=False, region="") -> str:
+        return g.add(_elementwise(f"{name}.backward", numel, reads, writes, ab, mask=mask, region=region))
+
+    eltwise_bwd("mlp_dropout_add", n_local, 1, 1, mask=model.hidden_dropout > 0)
+    if t > 1 and dm.sp:
+        g.add(_coll("fc2.grad_all_gather", CollectiveKind.all_gather, full_act, t))
+    last = _backward_linear(g, "fc2", ops["fc2"].gemm, dm, column_parallel=False, after=g.last)
+    g.last = g.add(_elementwise(f"{'swiglu' if model.swiglu else 'gelu'}.backward", tokens * dm.mlp_in, 2, 1, ab),
+                   after=(f"fc2.dgrad",))
+    last = _backward_linear(g, "fc1", ops["fc1"].gemm, dm, column_parallel=True, after=g.last)
+    g.add(_elementwise("pre_mlp_norm.backward", n_local, 2, 1, ab), after=(last,))
+    eltwise_bwd("attention_dropout_add", n_local, 2, 1, mask=model.hidden_dropout > 0)
+    if t > 1 and dm.sp:
+        g.add(_coll("attention_proj.grad_all_gather", CollectiveKind.all_gather, full_act, t))
+    _backward_linear(g, "attention_proj", ops["attention_proj"].gemm, dm, column_parallel=False, after=g.last)
+    g.last = "attention_proj.dgrad"
+    if plan.use_flash_attention:
+        att = ops["attention"]
+        g.add(Op("attention.backward", OpKind.flash_attention, flops=2.5 * att.flops, region=CORE_ATTENTION,
+                 attention=att.attention))
+    else:
+        probs = dm.b * dm.a * dm.s * dm.s
+        ctx, sc = ops["attention_context"].gemm, ops["attention_scores"].gemm
+        g.add(_gemm("attention_context.dgrad_probs", GemmShape(ctx.m, ctx.k, ctx.n, ctx.batch), kind=OpKind.batched_gemm))
+        g.add(_gemm("attention_context.dgrad_v", GemmShape(ctx.k, ctx.n, ctx.m, ctx.batch), kind=OpKind.batched_gemm))
+        if model.attention_dropout > 0:
+            eltwise_bwd("attention_dropout", probs, 1, 1, mask=True)
+        eltwise_bwd("softmax", probs, 2, 1)
+        g.add(_gemm("attention_scores.dgrad_q", GemmShape(sc.m, sc.k, sc.n, sc.batch), kind=OpKind.batched_gemm))
+        g.add(_gemm("attention_scores.dgrad_k", GemmShape(sc.n, sc.k, sc.m, sc.batch), kind=OpKind.batched_gemm))
+    if model.position_embedding_type is PositionEmbedding.rope:
+        eltwise_bwd("rotary", tokens * (dm.a * dm.d + dm.kv), 1, 1)
+    last = _backward_linear(g, "qkv", ops["qkv"].gemm, dm, column_parallel=True, after=g.last)
+    g.add(_elementwise("input_norm.backward", n_local, 2, 1, ab), after=(last,))
+    return g.graph
+
+
+def _recompute(fwd: nx.DiGraph, granularity: RecomputeGranularity) -> nx.DiGraph:
+    if granularity is RecomputeGranularity.none:
+        return nx.DiGraph()
+    if granularity is RecomputeGranularity.full:
+        keep = list(fwd.nodes)
+    else:
+        keep = [n for n, d in fwd.nodes(data=True) if d["op"].region == CORE_ATTENTION]
+    sub = fwd.subgraph(keep)
+    out = nx.DiGraph()
+    for n in keep:
+        op = fwd.nodes[n]["op"]
+        out.add_node(f"recompute.{n}", op=Op(**{**{f: getattr(op, f) for f in Op.__dataclass_fields__},
+                                             "name": f"recompute.{n}", "saves": ()}),
+                     index=fwd.nodes[n]["index"])
+    out.add_edges_from((f"recompute.{u}", f"recompute.{v}") for u, v in sub.edges)
+    return out
+
+
+@lru_cache(maxsize=256)
+def transformer_layer(model: ModelSpec, plan: ParallelPlan) -> LayerGraph:
+    """The layer graph for ``plan``'s TP size, SP, micro-batch, precision, attention and recompute."""
+    dm = _dims(model, plan)
+    fwd = _forward(model, plan, dm)
+    layer_input = dm.local_tokens * dm.h * dm.ab
+    return LayerGraph(
+        forward=fwd,
+        backward=_backward(model, plan, dm, fwd),
+        recompute=_recompute(fwd, plan.recompute.granularity),
+        input_bytes=layer_input,
+    )
+
+
+@dataclass(frozen=True)
+class StageExtras:
+    """The first stage's embedding and the last stage's final norm, output layer and loss."""
+
+    forward: nx.DiGraph
+    backward: nx.DiGraph
+
+    def saved_tensors(self) -> list[SavedTensor]:
+        return [t for op in ordered_ops(self.forward) for t in op.saves]
+
+    def activation_bytes(self) -> int:
+        return sum(t.bytes for t in self.saved_tensors())
+
+
+@lru_cache(maxsize=256)
+def embedding_extras(model: ModelSpec, plan: ParallelPlan) -> StageExtras:
+    """Vocabulary-parallel embedding lookup (+ position table), its all-reduce/reduce-scatter, dropout."""
+    dm = _dims(model, plan)
+    f, b = _Builder(""), _Builder("")
+    full_act = dm.tokens * dm.h * dm.ab
+    f.add(_elementwise("embedding", dm.tokens * dm.h, 1, 1, dm.ab))
+    if dm.t > 1:
+        kind = CollectiveKind.reduce_scatter if dm.sp else CollectiveKind.all_reduce
+        f.add(_coll(f"embedding_{kind.value}", kind, full_act, dm.t))
+    n = dm.local_tokens * dm.h
+    if model.hidden_dropout > 0:
+        f.add(_elementwise("embedding_dropout", n, 1, 1, dm.ab, mask=True,
+                           saves=(SavedTensor("embedding_dropout.mask", n, MASK_BYTES),)))
+        b.add(_elementwise("embedding_dropout.backward", n, 1, 1, dm.ab, mask=True))
+    if dm.t > 1 and dm.sp:
+        b.add(_coll("embedding.grad_all_gather", CollectiveKind.all_gather, full_act, dm.t))
+    # the weight gradient is a scatter-add of token rows into the fp32 gradient buffer
+    b.add(_elementwise("embedding.backward", dm.tokens * dm.h, 1, 2 * FP32_BYTES / dm.ab, dm.ab))
+    return StageExtras(f.graph, b.graph)
+
+
+@lru_cache(maxsize=256)
+def output_extras(model: ModelSpec, plan: ParallelPlan) -> StageExtras:
+    """Final norm, vocabulary-parallel output layer and cross-entropy (fp32 logits, Korthikanti 4.3)."""
+    dm = _dims(model, plan)
+    f, b = _Builder(""), _Builder("")
+    vocab = model.vocab_size // dm.t
+    full_act = dm.tokens * dm.h * dm.ab
+    logits = dm.tokens * vocab
+    f.add(_norm("final_norm", dm, model))
+    if dm.t > 1 and dm.sp:
+        f.add(_coll("output_all_gather", CollectiveKind.all_gather, full_act, dm.t))
+    shape = GemmShape(dm.tokens, vocab, dm.h)
+    f.add(_gemm("output_layer", shape, saves=(SavedTensor("output_layer.input", dm.local_tokens * dm.h, dm.ab),)))
+    f.add(_elementwise("cross_entropy", logits, 1, FP32_BYTES / dm.ab, dm.ab,
+                       saves=(SavedTensor("cross_entropy.softmax", logits, FP32_BYTES),)))
+    if dm.t > 1:  # max, sum of exponentials and target logit, one fp32 per token each
+        f.add(_coll("cross_entropy_all_reduce", CollectiveKind.all_reduce, 3 * dm.tokens * FP32_BYTES, dm.t))
+    b.add(_elementwise("cross_entropy.backward", logits, FP32_BYTES / dm.ab, 1, dm.ab))
+    _backward_linear(b, "output_layer", shape, dm, column_parallel=True, after=b.last)
+    b.add(_elementwise("final_norm.backward", dm.local_tokens * dm.h, 2, 1, dm.ab))
+    return StageExtras(f.graph, b.graph)

@@ -1,0 +1,152 @@
+"""``ModelSpec``: the shape of a GPT, with Megatron-LM's argument names, and its presets."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simulator._io import build, read_mapping
+from simulator.errors import ConfigError
+
+
+class Normalization(str, Enum):
+    layernorm = "LayerNorm"
+    rmsnorm = "RMSNorm"
+
+
+class PositionEmbedding(str, Enum):
+    learned_absolute = "learned_absolute"
+    rope = "rope"
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer (GPT-2/GPT-3 style by default; Llama style with the extra fields)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("custom", description="Label shown in reports.")
+    num_layers: int = Field(gt=0, description="Transformer layers, L (Korthikanti Table 1).")
+    hidden_size: int = Field(gt=0, description="Hidden size, h.")
+    num_attention_heads: int = Field(gt=0, description="Attention heads, a.")
+    ffn_hidden_size: int | None = Field(None, gt=0, description="MLP inner size; default 4 x hidden_size.")
+    vocab_size: int = Field(51200, gt=0, description="Vocabulary, v (Megatron pads GPT-2's 50,257 to 51,200).")
+    seq_length: int = Field(2048, gt=0, description="Sequence length, s, in tokens.")
+    num_query_groups: int | None = Field(
+        None, gt=0, description="Key/value heads for grouped-query attention; default = num_attention_heads."
+    )
+    swiglu: bool = Field(False, description="Gated SiLU MLP (three weight matrices) instead of GeLU.")
+    normalization: Normalization = Field(Normalization.layernorm, description="LayerNorm (weight+bias) or RMSNorm.")
+    position_embedding_type: PositionEmbedding = Field(
+        PositionEmbedding.learned_absolute, description="Learned absolute table (GPT) or rotary (Llama)."
+    )
+    untie_embeddings_and_output_weights: bool = Field(
+        False, description="Separate output matrix instead of reusing the word embedding."
+    )
+    add_bias_linear: bool = Field(True, description="Biases on the linear layers (GPT yes, Llama no).")
+    attention_dropout: float = Field(0.1, ge=0, lt=1, description="Dropout on attention probabilities (0 = none).")
+    hidden_dropout: float = Field(0.1, ge=0, lt=1, description="Dropout before each residual add (0 = none).")
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> "ModelSpec":
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} does not divide hidden_size={self.hidden_size}; "
+                "pick a head count whose head size is a whole number"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _groups_divide_heads(self) -> "ModelSpec":
+        if self.num_query_groups is not None and self.num_attention_heads % self.num_query_groups:
+            raise ValueError(
+                f"num_query_groups={self.num_query_groups} does not divide "
+                f"num_attention_heads={self.num_attention_heads}; use a divisor of the head count"
+            )
+        return self
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size if self.ffn_hidden_size is not None else 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups if self.num_query_groups is not None else self.num_attention_heads
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the key (or value) projection: groups x head size."""
+        return self.query_groups * self.head_dim
+
+    def layer_parameters(self) -> int:
+        """Parameters of one transformer layer (all tensor-parallel ranks together)."""
+        h, f = self.hidden_size, self.ffn_size
+        bias = self.add_bias_linear
+        qkv = h * (h + 2 * self.kv_size) + (h + 2 * self.kv_size if bias else 0)
+        proj = h * h + (h if bias else 0)
+        mlp_in = (2 if self.swiglu else 1) * (h * f + (f if bias else 0))
+        mlp_out = f * h + (h if bias else 0)
+        return qkv + proj + mlp_in + mlp_out + 2 * self.norm_parameters()
+
+    def norm_parameters(self) -> int:
+        return self.hidden_size * (2 if self.normalization is Normalization.layernorm else 1)
+
+    def embedding_parameters(self) -> int:
+        """Word embedding plus the learned position table where there is one."""
+        pos = self.seq_length * self.hidden_size if self.position_embedding_type is PositionEmbedding.learned_absolute else 0
+        return self.vocab_size * self.hidden_size + pos
+
+    def num_parameters(self) -> int:
+        """Total parameters, counting a tied output layer once."""
+        out = self.vocab_size * self.hidden_size if self.untie_embeddings_and_output_weights else 0
+        return self.num_layers * self.layer_parameters() + self.embedding_parameters() + self.norm_parameters() + out
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads)
+
+
+# Brown et al. 2020, Table 2.1, with Megatron's padded vocabulary (51,200) and sequence 2,048.
+# GPT-3 1.3B is listed with 24 heads of 128 (which does not give 2,048); Megatron uses 16 heads of 128.
+# GPT-3 13B is listed with d_model 5,140; Megatron uses 5,120 so that 40 heads divide it.
+# Korthikanti et al. 2022, Table 3 for 22B, 530B (MT-NLG) and 1T.
+PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        _gpt("gpt3-125m", 12, 768, 12),
+        _gpt("gpt3-350m", 24, 1024, 16),
+        _gpt("gpt3-760m", 24, 1536, 16),
+        _gpt("gpt3-1.3b", 24, 2048, 16),
+        _gpt("gpt3-2.7b", 32, 2560, 32),
+        _gpt("gpt3-6.7b", 32, 4096, 32),
+        _gpt("gpt3-13b", 40, 5120, 40),
+        _gpt("gpt3-175b", 96, 12288, 96),
+        _gpt("megatron-22b", 48, 6144, 64),
+        _gpt("mt-nlg-530b", 105, 20480, 128),
+        _gpt("megatron-1t", 128, 25600, 160),
+    )
+}
+
+
+def register_presets(models: dict[str, ModelSpec]) -> None:
+    """Add presets defined elsewhere (for example the Llama family) under their names."""
+    PRESETS.update(models)
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset by name, or a YAML/JSON file of ``ModelSpec`` fields."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
+        data = read_mapping(path, "model")
+        data.setdefault("name", path.stem)
+        return build(ModelSpec, data, f"model file {str(path)!r}")
+    raise ConfigError(
+        f"unknown model {name_or_path!r}; use a preset ({', '.join(sorted(PRESETS))}) or a YAML/JSON file"
+    )
