@@ -64,6 +64,9 @@ class GpuSpec(BaseModel):
         _require_sources(self, self.sources)
         return self
 
+    def __hash__(self) -> int:  # the sources dict is documentation, not identity
+        return hash((self.name, self.peak_tflops, self.hbm_capacity_gib, self.hbm_bandwidth_gbps, self.sm_count))
+
     @property
     def memory_bytes(self) -> int:
         return int(self.hbm_capacity_gib * GIB)
@@ -103,6 +106,10 @@ class ClusterSpec(BaseModel):
     def _every_number_has_a_source(self) -> "ClusterSpec":
         _require_sources(self, self.sources)
         return self
+
+    def __hash__(self) -> int:  # the sources dict is documentation, not identity
+        return hash((self.name, self.gpu, self.gpus_per_node, self.nvlink_bandwidth_gbps_per_direction,
+                     self.nics_per_node, self.nic_line_rate_gbit_s, self.fabric))
 
     @property
     def nic_bandwidth_gbps_per_gpu(self) -> float:

@@ -19,7 +19,7 @@ from functools import lru_cache
 import networkx as nx
 
 from simulator.model import ModelSpec, Normalization, PositionEmbedding
-from simulator.plan import ParallelPlan, RecomputeGranularity
+from simulator.plan import ParallelPlan, Precision, RecomputeGranularity
 
 CORE_ATTENTION = "core_attention"  # the region selective recompute replays (Korthikanti Section 5)
 MASK_BYTES = 1  # Megatron keeps dropout masks as 1-byte booleans
@@ -68,6 +68,7 @@ class GemmShape:
     n: int
     k: int
     batch: int = 1
+    accumulate_fp32: bool = False  # C += A @ B into an fp32 buffer (weight gradients into main_grad)
 
     @property
     def flops(self) -> float:
@@ -145,7 +146,24 @@ class _Dims:
         return self.tokens // self.t if self.sp else self.tokens
 
 
-def _dims(model: ModelSpec, plan: ParallelPlan) -> _Dims:
+@dataclass(frozen=True)
+class LayerKey:
+    """The parts of a plan a layer's graph depends on (so caches ignore PP, DP, batch, optimizer)."""
+
+    tensor_parallel_size: int
+    sequence_parallel: bool
+    micro_batch_size: int
+    precision: Precision
+    use_flash_attention: bool
+    granularity: RecomputeGranularity
+
+    @staticmethod
+    def of(plan: ParallelPlan) -> "LayerKey":
+        return LayerKey(plan.tensor_parallel_size, plan.sequence_parallel, plan.micro_batch_size, plan.precision,
+                        plan.use_flash_attention, plan.recompute.granularity)
+
+
+def _dims(model: ModelSpec, plan: "LayerKey") -> _Dims:
     t = plan.tensor_parallel_size
     f = model.ffn_size // t
     return _Dims(
@@ -221,6 +239,12 @@ def _norm(name: str, dm: _Dims, model: ModelSpec, saves: bool = True) -> Op:
     return _elementwise(name, n, 1, 1, dm.ab, saves=saved)
 
 
+def _norm_backward(name: str, numel: int, ab: int) -> Op:
+    """A norm's backward: the input gradient reads x and dy and writes dx; the weight (and bias)
+    gradients are a second reduction kernel that reads x and dy again (apex/Megatron fused norms)."""
+    return _elementwise(f"{name}.backward", numel, 4, 1, ab)
+
+
 def _dropout_add(name: str, dm: _Dims, dropout: float) -> Op:
     n = dm.local_tokens * dm.h
     if dropout > 0:
@@ -228,7 +252,7 @@ def _dropout_add(name: str, dm: _Dims, dropout: float) -> Op:
     return _elementwise(name, n, 2, 1, dm.ab)
 
 
-def _forward(model: ModelSpec, plan: ParallelPlan, dm: _Dims) -> nx.DiGraph:
+def _forward(model: ModelSpec, plan: LayerKey, dm: _Dims) -> nx.DiGraph:
     g = _Builder("")
     s, b, h, t, ab = dm.s, dm.b, dm.h, dm.t, dm.ab
     tokens, full_act = dm.tokens, dm.tokens * h * ab
@@ -290,7 +314,8 @@ def _forward(model: ModelSpec, plan: ParallelPlan, dm: _Dims) -> nx.DiGraph:
     return g.graph
 
 
-def _backward_linear(g: _Builder, name: str, shape: GemmShape, dm: _Dims, column_parallel: bool, after: str) -> str:
+def _backward_linear(g: _Builder, name: str, shape: GemmShape, dm: _Dims, column_parallel: bool, after: str,
+                     bias: bool = False) -> str:
     """dgrad and wgrad of one linear layer, with the TP collectives Megatron overlaps with them.
 
     Column-parallel (qkv, fc1): the input gradient needs an all-reduce (or, under SP, a
@@ -306,11 +331,16 @@ def _backward_linear(g: _Builder, name: str, shape: GemmShape, dm: _Dims, column
     if column_parallel and dm.t > 1:
         kind = CollectiveKind.reduce_scatter if dm.sp else CollectiveKind.all_reduce
         reduce = g.add(_coll(f"{name}.dgrad_{kind.value}", kind, full_act, dm.t), after=(dgrad,))
-    g.add(_gemm(f"{name}.wgrad", GemmShape(shape.k, shape.n, shape.m)), after=(dgrad,) + ((gather,) if gather else ()))
+    # Megatron's gradient-accumulation fusion: the weight gradient accumulates into fp32 main_grad
+    wgrad = g.add(_gemm(f"{name}.wgrad", GemmShape(shape.k, shape.n, shape.m, accumulate_fp32=True)),
+                  after=(dgrad,) + ((gather,) if gather else ()))
+    if bias:  # grad_output.sum(0): one read of the output gradient (on s/t tokens after a reduce-scatter)
+        tokens = shape.m if column_parallel else dm.local_tokens
+        g.add(_elementwise(f"{name}.bias_grad", tokens * shape.n, 1, 0, dm.ab), after=(wgrad,))
     return reduce or dgrad
 
 
-def _backward(model: ModelSpec, plan: ParallelPlan, dm: _Dims, fwd: nx.DiGraph) -> nx.DiGraph:
+def _backward(model: ModelSpec, plan: LayerKey, dm: _Dims, fwd: nx.DiGraph) -> nx.DiGraph:
     g = _Builder("")
     ops = {op.name: op for op in ordered_ops(fwd)}
     tokens, full_act, t, ab = dm.tokens, dm.tokens * dm.h * dm.ab, dm.t, dm.ab
@@ -322,15 +352,20 @@ def _backward(model: ModelSpec, plan: ParallelPlan, dm: _Dims, fwd: nx.DiGraph) 
     eltwise_bwd("mlp_dropout_add", n_local, 1, 1, mask=model.hidden_dropout > 0)
     if t > 1 and dm.sp:
         g.add(_coll("fc2.grad_all_gather", CollectiveKind.all_gather, full_act, t))
-    last = _backward_linear(g, "fc2", ops["fc2"].gemm, dm, column_parallel=False, after=g.last)
+    last = _backward_linear(g, "fc2", ops["fc2"].gemm, dm, column_parallel=False, after=g.last,
+                            bias=model.add_bias_linear)
     g.last = g.add(_elementwise(f"{'swiglu' if model.swiglu else 'gelu'}.backward", tokens * dm.mlp_in, 2, 1, ab),
                    after=(f"fc2.dgrad",))
-    last = _backward_linear(g, "fc1", ops["fc1"].gemm, dm, column_parallel=True, after=g.last)
-    g.add(_elementwise("pre_mlp_norm.backward", n_local, 2, 1, ab), after=(last,))
+    last = _backward_linear(g, "fc1", ops["fc1"].gemm, dm, column_parallel=True, after=g.last,
+                            bias=model.add_bias_linear)
+    g.add(_norm_backward("pre_mlp_norm", n_local, ab), after=(last,))
+    # the norm's input is also the residual: autograd adds the two gradients
+    g.add(_elementwise("pre_mlp_norm.residual_grad_add", n_local, 2, 1, ab))
     eltwise_bwd("attention_dropout_add", n_local, 2, 1, mask=model.hidden_dropout > 0)
     if t > 1 and dm.sp:
         g.add(_coll("attention_proj.grad_all_gather", CollectiveKind.all_gather, full_act, t))
-    _backward_linear(g, "attention_proj", ops["attention_proj"].gemm, dm, column_parallel=False, after=g.last)
+    _backward_linear(g, "attention_proj", ops["attention_proj"].gemm, dm, column_parallel=False, after=g.last,
+                            bias=model.add_bias_linear)
     g.last = "attention_proj.dgrad"
     if plan.use_flash_attention:
         att = ops["attention"]
@@ -348,8 +383,10 @@ def _backward(model: ModelSpec, plan: ParallelPlan, dm: _Dims, fwd: nx.DiGraph) 
         g.add(_gemm("attention_scores.dgrad_k", GemmShape(sc.n, sc.k, sc.m, sc.batch), kind=OpKind.batched_gemm))
     if model.position_embedding_type is PositionEmbedding.rope:
         eltwise_bwd("rotary", tokens * (dm.a * dm.d + dm.kv), 1, 1)
-    last = _backward_linear(g, "qkv", ops["qkv"].gemm, dm, column_parallel=True, after=g.last)
-    g.add(_elementwise("input_norm.backward", n_local, 2, 1, ab), after=(last,))
+    last = _backward_linear(g, "qkv", ops["qkv"].gemm, dm, column_parallel=True, after=g.last,
+                            bias=model.add_bias_linear)
+    g.add(_norm_backward("input_norm", n_local, ab), after=(last,))
+    g.add(_elementwise("input_norm.residual_grad_add", n_local, 2, 1, ab))
     return g.graph
 
 
@@ -371,16 +408,20 @@ def _recompute(fwd: nx.DiGraph, granularity: RecomputeGranularity) -> nx.DiGraph
     return out
 
 
-@lru_cache(maxsize=256)
 def transformer_layer(model: ModelSpec, plan: ParallelPlan) -> LayerGraph:
     """The layer graph for ``plan``'s TP size, SP, micro-batch, precision, attention and recompute."""
-    dm = _dims(model, plan)
-    fwd = _forward(model, plan, dm)
+    return layer_graph(model, LayerKey.of(plan))
+
+
+@lru_cache(maxsize=1024)
+def layer_graph(model: ModelSpec, key: LayerKey) -> LayerGraph:
+    dm = _dims(model, key)
+    fwd = _forward(model, key, dm)
     layer_input = dm.local_tokens * dm.h * dm.ab
     return LayerGraph(
         forward=fwd,
-        backward=_backward(model, plan, dm, fwd),
-        recompute=_recompute(fwd, plan.recompute.granularity),
+        backward=_backward(model, key, dm, fwd),
+        recompute=_recompute(fwd, key.granularity),
         input_bytes=layer_input,
     )
 
@@ -399,10 +440,14 @@ class StageExtras:
         return sum(t.bytes for t in self.saved_tensors())
 
 
-@lru_cache(maxsize=256)
 def embedding_extras(model: ModelSpec, plan: ParallelPlan) -> StageExtras:
     """Vocabulary-parallel embedding lookup (+ position table), its all-reduce/reduce-scatter, dropout."""
-    dm = _dims(model, plan)
+    return _embedding_extras(model, LayerKey.of(plan))
+
+
+@lru_cache(maxsize=1024)
+def _embedding_extras(model: ModelSpec, key: LayerKey) -> StageExtras:
+    dm = _dims(model, key)
     f, b = _Builder(""), _Builder("")
     full_act = dm.tokens * dm.h * dm.ab
     f.add(_elementwise("embedding", dm.tokens * dm.h, 1, 1, dm.ab))
@@ -421,10 +466,14 @@ def embedding_extras(model: ModelSpec, plan: ParallelPlan) -> StageExtras:
     return StageExtras(f.graph, b.graph)
 
 
-@lru_cache(maxsize=256)
 def output_extras(model: ModelSpec, plan: ParallelPlan) -> StageExtras:
     """Final norm, vocabulary-parallel output layer and cross-entropy (fp32 logits, Korthikanti 4.3)."""
-    dm = _dims(model, plan)
+    return _output_extras(model, LayerKey.of(plan))
+
+
+@lru_cache(maxsize=1024)
+def _output_extras(model: ModelSpec, key: LayerKey) -> StageExtras:
+    dm = _dims(model, key)
     f, b = _Builder(""), _Builder("")
     vocab = model.vocab_size // dm.t
     full_act = dm.tokens * dm.h * dm.ab
@@ -440,5 +489,5 @@ def output_extras(model: ModelSpec, plan: ParallelPlan) -> StageExtras:
         f.add(_coll("cross_entropy_all_reduce", CollectiveKind.all_reduce, 3 * dm.tokens * FP32_BYTES, dm.t))
     b.add(_elementwise("cross_entropy.backward", logits, FP32_BYTES / dm.ab, 1, dm.ab))
     _backward_linear(b, "output_layer", shape, dm, column_parallel=True, after=b.last)
-    b.add(_elementwise("final_norm.backward", dm.local_tokens * dm.h, 2, 1, dm.ab))
+    b.add(_norm_backward("final_norm", dm.local_tokens * dm.h, dm.ab))
     return StageExtras(f.graph, b.graph)

@@ -79,6 +79,9 @@ class ParallelPlan(BaseModel):
     precision: Precision = Precision.bf16
     use_flash_attention: bool = Field(False, description="Fused attention that never materialises the s x s scores.")
     overlap_grad_reduce: bool = Field(False, description="Overlap the DP gradient reduction with the backward pass.")
+    overlap_p2p_comm: bool = Field(
+        False, description="Pipeline sends run beside compute; off = Megatron's blocking send/receive exchange."
+    )
     schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
     allow_tp_across_nodes: bool = Field(False, description="Accept tensor parallelism wider than a node.")
     pipeline_layer_split: tuple[int, ...] | None = Field(

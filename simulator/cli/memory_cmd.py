@@ -1,0 +1,78 @@
+"""``simulator memory``: will the plan fit, and where does each GPU's memory go?"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from simulator.cli.options import job_from_options, plan_options
+from simulator.memory import MemoryPlan, memory_plan
+from simulator.plan import Job
+from simulator.units import format_gib
+
+_COLUMNS = ("stage", "layers", "weights", "grads", "optimizer", "activations", "in-flight", "transient", "reserve",
+            "peak", "fits")
+
+
+def describe_job(job: Job) -> str:
+    p = job.plan
+    parts = [
+        f"{job.model.name} on {job.num_gpus} x {job.cluster.gpu.name} ({job.cluster.name})",
+        f"TP {p.tensor_parallel_size} PP {p.pipeline_parallel_size} DP {p.data_parallel_size}"
+        + (f" VPP {p.virtual_pipeline_stages}" if p.interleaved else "")
+        + (" SP" if p.sequence_parallel else ""),
+        f"micro-batch {p.micro_batch_size}, global batch {p.global_batch_size} ({p.num_micro_batches} micro-batches)",
+        f"recompute {p.recompute.granularity.value}"
+        + (f"/{p.recompute.method.value}/{p.recompute.num_layers}" if p.recompute.granularity.value == "full" else ""),
+        p.precision.value + (", distributed optimizer" if p.use_distributed_optimizer else ""),
+    ]
+    return "; ".join(parts)
+
+
+def render_table(plan: MemoryPlan) -> str:
+    """The per-stage breakdown in GiB, one row per pipeline stage."""
+    rows = [_COLUMNS]
+    for s in plan.stages:
+        rows.append((
+            str(s.stage), str(s.num_layers), format_gib(s.weights_bytes), format_gib(s.gradients_bytes),
+            format_gib(s.optimizer_bytes), format_gib(s.activations_bytes), str(s.in_flight),
+            format_gib(s.transient_bytes), format_gib(s.reserve_bytes), format_gib(s.peak_bytes),
+            "yes" if s.fits else "NO",
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def to_json(job: Job, plan: MemoryPlan) -> dict[str, Any]:
+    return {
+        "model": job.model.name,
+        "cluster": job.cluster.name,
+        "num_gpus": job.num_gpus,
+        "plan": job.plan.model_dump(mode="json"),
+        **plan.model_dump(mode="json"),
+    }
+
+
+@click.command("memory")
+@plan_options
+def memory(**options: Any) -> None:
+    """Per-stage, per-GPU memory of a plan (GiB) and whether it fits."""
+    job = job_from_options(**options)
+    plan = memory_plan(job)
+    if options["as_json"]:
+        click.echo(json.dumps(to_json(job, plan), indent=2))
+        return
+    click.echo(describe_job(job))
+    click.echo("memory per GPU, GiB (in-flight = micro-batch chunks held at the stage's peak)")
+    click.echo(render_table(plan))
+    verdict = (
+        f"fits: peak {format_gib(plan.peak_bytes)} GiB of {format_gib(plan.capacity_bytes)} GiB"
+        if plan.fits
+        else f"does NOT fit: stage {plan.overflowing_stage} needs {format_gib(plan.peak_bytes)} GiB of "
+        f"{format_gib(plan.capacity_bytes)} GiB"
+    )
+    click.echo(verdict)

@@ -1,0 +1,125 @@
+"""The plan flags every command shares, with Megatron-LM's names and short aliases, and the Job they build."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+from simulator._io import build
+from simulator.errors import ConfigError
+from simulator.hardware import load_cluster
+from simulator.model import load_model
+from simulator.plan import Job, ParallelPlan, Precision, RecomputeGranularity, RecomputeMethod
+
+_POSITIVE = click.IntRange(min=1)
+
+# (param_decls, kwargs) in the order --help lists them; the parameter names are what
+# job_from_options reads.
+_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (("--model",), dict(default="gpt3-175b", show_default=True, metavar="NAME|FILE",
+                        help="Model preset (gpt3-175b, megatron-22b, ...) or a YAML/JSON file of ModelSpec fields.")),
+    (("--cluster",), dict(default="dgx-a100-80gb", show_default=True, metavar="NAME|FILE",
+                          help="Cluster preset (dgx-a100-80gb, dgx-h100, ...) or a YAML file.")),
+    (("--gpus",), dict(type=_POSITIVE, default=None,
+                       help="Total GPUs; must equal TP x PP x DP. Default: TP x PP x DP.")),
+    (("--tensor-model-parallel-size", "--tp", "tensor_parallel_size"),
+     dict(type=_POSITIVE, default=1, show_default=True, help="Tensor-parallel size.")),
+    (("--pipeline-model-parallel-size", "--pp", "pipeline_parallel_size"),
+     dict(type=_POSITIVE, default=1, show_default=True, help="Pipeline stages.")),
+    (("--data-parallel-size", "--dp", "data_parallel_size"),
+     dict(type=_POSITIVE, default=None, help="Data-parallel size. Default: --gpus / (TP x PP), or 1.")),
+    (("--virtual-pipeline-model-parallel-size", "--vpp", "virtual_pipeline_stages"),
+     dict(type=_POSITIVE, default=1, show_default=True, help="Model chunks per stage (interleaved 1F1B).")),
+    (("--sequence-parallel/--no-sequence-parallel", "--sp/--no-sp", "sequence_parallel"),
+     dict(default=False, show_default=True, help="Split norms and dropouts along the sequence (needs TP > 1).")),
+    (("--micro-batch-size", "--mbs", "micro_batch_size"),
+     dict(type=_POSITIVE, default=1, show_default=True, help="Sequences per micro-batch.")),
+    (("--global-batch-size", "--gbs", "global_batch_size"),
+     dict(type=_POSITIVE, default=None,
+          help="Sequences per iteration. Default: micro-batch x DP x PP (one full pipeline of micro-batches).")),
+    (("--recompute-granularity", "recompute_granularity"),
+     dict(type=click.Choice([g.value for g in RecomputeGranularity]), default="none", show_default=True,
+          help="Activation recomputation: none, selective (attention core) or full (whole layers).")),
+    (("--recompute-method", "recompute_method"),
+     dict(type=click.Choice([m.value for m in RecomputeMethod]), default="uniform", show_default=True,
+          help="full only: uniform groups, or block (the first N layers of each chunk).")),
+    (("--recompute-num-layers", "recompute_num_layers"),
+     dict(type=_POSITIVE, default=None, help="full only: layers per group (uniform) or per chunk (block); default 1.")),
+    (("--use-distributed-optimizer", "use_distributed_optimizer"),
+     dict(is_flag=True, default=False, help="Shard fp32 master weights and Adam state over DP.")),
+    (("--precision",), dict(type=click.Choice([p.value for p in Precision]), default="bf16", show_default=True,
+                            help="bf16/fp16 mixed precision with fp32 master weights, or fp32.")),
+    (("--use-flash-attn", "use_flash_attention"),
+     dict(is_flag=True, default=False, help="Fused attention that never stores the s x s scores.")),
+    (("--overlap-grad-reduce", "overlap_grad_reduce"),
+     dict(is_flag=True, default=False, help="Overlap the DP gradient reduction with the backward pass.")),
+    (("--overlap-p2p-communication", "overlap_p2p_comm"),
+     dict(is_flag=True, default=False,
+          help="Pipeline sends run beside compute (default: Megatron's blocking send/receive exchange).")),
+    (("--json", "as_json"), dict(is_flag=True, default=False, help="Print machine-readable JSON to stdout.")),
+)
+
+PLAN_OPTION_NAMES = frozenset(decls[-1].lstrip("-").replace("-", "_").split("/")[0] for decls, _ in _OPTIONS)
+
+
+def plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add every shared plan flag to a click command; pass its kwargs to ``job_from_options``."""
+    for decls, kwargs in reversed(_OPTIONS):
+        func = click.option(*decls, **kwargs)(func)
+    return func
+
+
+def _data_parallel_size(gpus: int | None, tp: int, pp: int, dp: int | None) -> int:
+    if gpus is None:
+        return dp or 1
+    if dp is None:
+        if gpus % (tp * pp):
+            raise ConfigError(
+                f"Invalid parallel dims: gpus({gpus}) is not divisible by tp({tp}) * pp({pp}) = {tp * pp}; "
+                "change --gpus, --tp or --pp"
+            )
+        return gpus // (tp * pp)
+    if tp * pp * dp != gpus:
+        raise ConfigError(
+            f"Invalid parallel dims: tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != gpus({gpus}); "
+            "make the product equal --gpus or drop --dp to derive it"
+        )
+    return dp
+
+
+def job_from_options(**kwargs: Any) -> Job:
+    """Load the model and cluster and build the validated ``Job`` from ``plan_options``' kwargs.
+
+    Keys that are not plan options (a command's own flags) are ignored, so a command can pass
+    all of its kwargs. Every failure is a ``ConfigError`` naming the value and the fix.
+    """
+    o = {k: v for k, v in kwargs.items() if k in PLAN_OPTION_NAMES}
+    tp, pp = o.get("tensor_parallel_size", 1), o.get("pipeline_parallel_size", 1)
+    dp = _data_parallel_size(o.get("gpus"), tp, pp, o.get("data_parallel_size"))
+    mbs = o.get("micro_batch_size", 1)
+    gbs = o.get("global_batch_size") or mbs * dp * pp
+    model = load_model(o.get("model", "gpt3-175b"))
+    cluster = load_cluster(o.get("cluster", "dgx-a100-80gb"))
+    recompute = {
+        "granularity": o.get("recompute_granularity", "none"),
+        "method": o.get("recompute_method", "uniform"),
+        "num_layers": o.get("recompute_num_layers") or 1,
+    }
+    plan = build(ParallelPlan, {
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+        "data_parallel_size": dp,
+        "virtual_pipeline_stages": o.get("virtual_pipeline_stages", 1),
+        "sequence_parallel": o.get("sequence_parallel", False),
+        "micro_batch_size": mbs,
+        "global_batch_size": gbs,
+        "recompute": recompute,
+        "use_distributed_optimizer": o.get("use_distributed_optimizer", False),
+        "precision": o.get("precision", "bf16"),
+        "use_flash_attention": o.get("use_flash_attention", False),
+        "overlap_grad_reduce": o.get("overlap_grad_reduce", False),
+        "overlap_p2p_comm": o.get("overlap_p2p_comm", False),
+    }, "plan")
+    return build(Job, {"model": model, "cluster": cluster, "plan": plan}, "job")
+

@@ -1,0 +1,302 @@
+"""Where a plan's GPU memory goes: weights, gradients, optimizer state and activations per pipeline stage.
+
+Activations are not typed in as Korthikanti's closed forms: they are the sums of the tensors each
+operation of ``simulator.layers`` saves for its backward pass, times the layers of a chunk and the
+chunks a stage holds at its peak. The tests check those sums against Table 2 and Figures 1 and 7.
+
+Every number is per GPU (one tensor-parallel rank of one pipeline stage of one data-parallel
+replica), in bytes.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simulator.layers import embedding_extras, output_extras, transformer_layer
+from simulator.model import ModelSpec, PositionEmbedding
+from simulator.plan import Job, ParallelPlan, PipelineSchedule, Precision, RecomputeGranularity, RecomputeMethod
+from simulator.units import GIB
+
+# The reserve, beyond the tensors the model accounts for, that a PyTorch/Megatron process needs:
+# - CUDA context with the kernels of PyTorch, cuBLAS and NCCL loaded: 0.5-1 GiB on A100/H100 with
+#   CUDA 11/12 (nvidia-smi shows it before the first tensor is allocated); we take 1 GiB.
+# - NCCL communicator buffers (NCCL_BUFFSIZE = 4 MiB per channel and peer, for the TP, PP, DP and
+#   embedding groups) and the cuBLAS workspaces of each stream: about 0.5 GiB together.
+# - Allocator fragmentation: the caching allocator keeps freed blocks of varied sizes; activations
+#   and recompute buffers are allocated and freed every micro-batch, out of order, so we add 10% of
+#   them. Weights, gradients and optimizer state live in buffers allocated once (Megatron's
+#   contiguous grad buffer) and do not fragment.
+CONTEXT_RESERVE_BYTES = 1 * GIB
+WORKSPACE_RESERVE_BYTES = GIB // 2
+FRAGMENTATION_FRACTION = 0.10
+
+
+class StageMemory(BaseModel):
+    """Memory of one GPU of one pipeline stage at the stage's peak."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stage: int = Field(ge=0, description="Pipeline stage index, 0 = first (holds the embedding).")
+    num_layers: int = Field(ge=0, description="Transformer layers on this stage (all its chunks).")
+    parameters: int = Field(ge=0, description="Parameters held by one GPU of this stage (after TP).")
+    weights_bytes: int = Field(ge=0, description="bf16/fp16 (or fp32) model weights.")
+    gradients_bytes: int = Field(ge=0, description="fp32 gradient buffer (Megatron's main_grad).")
+    optimizer_bytes: int = Field(ge=0, description="fp32 master weights and Adam m, v (sharded over DP if distributed).")
+    activations_bytes: int = Field(ge=0, description="Tensors saved for backward, all in-flight chunks, with extras.")
+    extra_activations_bytes: int = Field(
+        ge=0, description="Of activations_bytes: embedding dropout (first stage), final norm/output/logits (last)."
+    )
+    in_flight: int = Field(ge=0, description="Micro-batch chunks whose activations the stage holds at its peak.")
+    transient_bytes: int = Field(ge=0, description="Short-lived working set: one recomputed group during backward.")
+    reserve_bytes: int = Field(ge=0, description="CUDA context, NCCL/cuBLAS workspaces, allocator fragmentation.")
+    peak_bytes: int = Field(ge=0, description="Sum of all of the above.")
+    fits: bool = Field(description="peak_bytes <= the GPU's memory.")
+
+
+class MemoryPlan(BaseModel):
+    """Per-stage memory of a job and the verdict against the GPU's memory."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stages: tuple[StageMemory, ...]
+    peak_bytes: int = Field(ge=0, description="The largest per-GPU peak of any stage.")
+    capacity_bytes: int = Field(gt=0, description="Memory of one GPU.")
+    fits: bool
+    overflowing_stage: int | None = Field(None, description="The stage with the highest peak when it does not fit.")
+
+
+# --- pipeline: how many micro-batch chunks a stage holds -----------------------------------------
+
+
+def in_flight_chunks(stage: int, plan: ParallelPlan) -> int:
+    """Chunks (micro-batch x model chunk) whose activations stage ``stage`` holds at its peak.
+
+    1F1B: stage i runs p - i - 1 warm-up forwards and one more before its first backward, so it
+    holds min(p - i, m) micro-batches. Interleaved (Megatron): (p - i - 1) * 2 + (v - 1) * p warm-up
+    forwards plus one, at most m * v, each of L / (p v) layers; on the first stage that is
+    L (1 + (p - 1) / (p v)) layers' worth, Korthikanti Section 4.2.3. GPipe holds all m.
+    """
+    p, m, v = plan.pipeline_parallel_size, plan.num_micro_batches, plan.virtual_pipeline_stages
+    if plan.schedule is PipelineSchedule.gpipe:
+        return m
+    if v == 1:
+        return min(p - stage, m)
+    return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
+
+
+def _kth_chunk(k: int, p: int, v: int, forward: bool) -> int:
+    """The model chunk of a stage's k-th forward (or backward) in Megatron's interleaved order."""
+    chunk = (k % (p * v)) // p
+    return chunk if forward else v - 1 - chunk
+
+
+@lru_cache(maxsize=4096)
+def chunk_in_flight(stage: int, chunk: int, p: int, m: int, v: int, gpipe: bool = False) -> int:
+    """Most micro-batches of one model chunk a stage holds at once (for the embedding and loss extras).
+
+    Walks the stage's forward/backward order (the same order as ``schedules``) counting only
+    ``chunk``; O(m v) integer steps, cached.
+    """
+    if gpipe:
+        return m
+    total = m * v
+    if v == 1:
+        warm = min(p - stage - 1, m)
+    else:
+        warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
+    live = peak = f = b = 0
+
+    def fwd() -> None:
+        nonlocal live, peak, f
+        live += _kth_chunk(f, p, v, True) == chunk
+        peak = max(peak, live)
+        f += 1
+
+    def bwd() -> None:
+        nonlocal live, b
+        live -= _kth_chunk(b, p, v, False) == chunk
+        b += 1
+
+    for _ in range(warm):
+        fwd()
+    while f < total:
+        fwd()
+        bwd()
+    return peak
+
+
+# --- parameters ----------------------------------------------------------------------------------
+
+
+def layer_parameters_per_rank(model: ModelSpec, tensor_parallel_size: int) -> int:
+    """Parameters of one transformer layer on one TP rank.
+
+    Column-parallel weights (QKV, fc1 and the SwiGLU gate) and their biases are split along the
+    output dimension; row-parallel weights (attention projection, fc2) along the input dimension,
+    with their biases replicated (added after the all-reduce); norms are replicated. Key/value heads
+    are replicated when TP exceeds the query groups (grouped-query attention).
+    """
+    t, h = tensor_parallel_size, model.hidden_size
+    f = model.ffn_size // t
+    q = h // t
+    kv = max(model.kv_size // t, model.head_dim)
+    bias = model.add_bias_linear
+    qkv = h * (q + 2 * kv) + ((q + 2 * kv) if bias else 0)
+    proj = q * h + (h if bias else 0)
+    mlp_in = (2 if model.swiglu else 1) * (h * f + (f if bias else 0))
+    mlp_out = f * h + (h if bias else 0)
+    return qkv + proj + mlp_in + mlp_out + 2 * model.norm_parameters()
+
+
+def stage_parameters(job: Job, stage: int) -> int:
+    """Parameters one GPU of ``stage`` holds.
+
+    The first stage also holds the vocabulary-parallel word embedding (v h / t) and the learned
+    position table (replicated); the last stage the final norm and the output layer, which with tied
+    embeddings and p > 1 is a second copy of the word embedding kept in sync by an all-reduce of its
+    gradient (Megatron's embedding group); with p = 1 the two are one tensor.
+    """
+    model, plan = job.model, job.plan
+    t, p = plan.tensor_parallel_size, plan.pipeline_parallel_size
+    n = job.layers_per_stage[stage] * layer_parameters_per_rank(model, t)
+    word = model.vocab_size * model.hidden_size // t
+    if stage == 0:
+        n += word
+        if model.position_embedding_type is PositionEmbedding.learned_absolute:
+            n += model.seq_length * model.hidden_size
+    if stage == p - 1:
+        n += model.norm_parameters()
+        if model.untie_embeddings_and_output_weights or p > 1:
+            n += word
+    return n
+
+
+def _state_bytes(parameters: int, plan: ParallelPlan) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes for ``parameters`` under the plan's precision.
+
+    Mixed precision: 2-byte weights, a 4-byte fp32 gradient buffer and 12 bytes of optimizer state
+    (fp32 master copy, Adam m and v) = 18 bytes per parameter; the distributed optimizer shards the
+    12 bytes over DP (Megatron's 6 + 12/d). fp32: 4 + 4 + 8 (no master copy).
+    """
+    if plan.precision is Precision.fp32:
+        weight, grad, state = 4, 4, 8
+    else:
+        weight, grad, state = 2, 4, 12
+    optimizer = parameters * state
+    if plan.use_distributed_optimizer:
+        optimizer = -(-optimizer // plan.data_parallel_size)
+    return parameters * weight, parameters * grad, optimizer
+
+
+# --- activations ---------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def _layer_saved_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int, int]:
+    """Bytes one layer saves for one micro-batch: (no recompute, selective, full = its input)."""
+    graph = transformer_layer(model, plan)
+    return tuple(graph.activation_bytes(g) for g in RecomputeGranularity)  # type: ignore[return-value]
+
+
+@lru_cache(maxsize=4096)
+def _extras_saved_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
+    """Bytes the first stage's embedding and the last stage's output layer save for one micro-batch."""
+    return embedding_extras(model, plan).activation_bytes(), output_extras(model, plan).activation_bytes()
+
+
+def chunk_activations(job: Job, layers: int) -> tuple[int, int]:
+    """(saved bytes, transient bytes) of one micro-batch through a chunk of ``layers`` layers.
+
+    none/selective: every layer keeps what ``LayerGraph.saved_tensors`` lists; selective replays the
+    core attention of one layer at a time, so that region's tensors are the transient.
+    full/uniform (k layers per group): each of the ceil(n / k) groups keeps only its input; the
+    backward of a group rematerialises all k layers' tensors at once (the transient).
+    full/block (k layers): the first k layers of the chunk keep only their input, the others keep
+    everything; recomputing one checkpointed layer is the transient.
+    The replayed first norm saves the very tensor the checkpoint kept (its input), so the
+    transient of a full-recompute group is one layer input less than its tensors.
+    """
+    everything, kept, layer_input = _layer_saved_bytes(job.model, job.plan)
+    policy = job.plan.recompute
+    if policy.granularity is RecomputeGranularity.none:
+        return layers * everything, 0
+    if policy.granularity is RecomputeGranularity.selective:
+        return layers * kept, everything - kept
+    k = min(policy.num_layers, layers)
+    if policy.method is RecomputeMethod.uniform:
+        return -(-layers // k) * layer_input, k * everything - layer_input
+    return k * layer_input + (layers - k) * everything, everything - layer_input
+
+
+def _reserve(activations: int, transient: int) -> int:
+    return CONTEXT_RESERVE_BYTES + WORKSPACE_RESERVE_BYTES + int(FRAGMENTATION_FRACTION * (activations + transient))
+
+
+def stage_memory(job: Job, stage: int) -> StageMemory:
+    """The memory of one GPU of ``stage`` (see ``memory_plan``)."""
+    plan = job.plan
+    p, m, v = plan.pipeline_parallel_size, plan.num_micro_batches, plan.virtual_pipeline_stages
+    gpipe = plan.schedule is PipelineSchedule.gpipe
+    params = stage_parameters(job, stage)
+    weights, gradients, optimizer = _state_bytes(params, plan)
+
+    chunks = in_flight_chunks(stage, plan)
+    per_chunk, transient = chunk_activations(job, job.layers_per_chunk[stage])
+    extras = 0
+    embedding, output = _extras_saved_bytes(job.model, plan)
+    if stage == 0:
+        extras += embedding * chunk_in_flight(0, 0, p, m, v, gpipe)
+    if stage == p - 1:
+        extras += output * chunk_in_flight(p - 1, v - 1, p, m, v, gpipe)
+    activations = chunks * per_chunk + extras
+
+    reserve = _reserve(activations, transient)
+    peak = weights + gradients + optimizer + activations + transient + reserve
+    return StageMemory(
+        stage=stage,
+        num_layers=job.layers_per_stage[stage],
+        parameters=params,
+        weights_bytes=weights,
+        gradients_bytes=gradients,
+        optimizer_bytes=optimizer,
+        activations_bytes=activations,
+        extra_activations_bytes=extras,
+        in_flight=chunks,
+        transient_bytes=transient,
+        reserve_bytes=reserve,
+        peak_bytes=peak,
+        fits=peak <= job.cluster.gpu.memory_bytes,
+    )
+
+
+def memory_plan(job: Job) -> MemoryPlan:
+    """Per-stage, per-GPU memory of ``job`` and whether its largest stage fits in the GPU."""
+    stages = tuple(stage_memory(job, i) for i in range(job.plan.pipeline_parallel_size))
+    capacity = job.cluster.gpu.memory_bytes
+    worst = max(stages, key=lambda s: s.peak_bytes)
+    fits = worst.peak_bytes <= capacity
+    return MemoryPlan(
+        stages=stages,
+        peak_bytes=worst.peak_bytes,
+        capacity_bytes=capacity,
+        fits=fits,
+        overflowing_stage=None if fits else worst.stage,
+    )
+
+
+__all__ = [
+    "CONTEXT_RESERVE_BYTES",
+    "FRAGMENTATION_FRACTION",
+    "MemoryPlan",
+    "StageMemory",
+    "WORKSPACE_RESERVE_BYTES",
+    "chunk_activations",
+    "chunk_in_flight",
+    "in_flight_chunks",
+    "layer_parameters_per_rank",
+    "memory_plan",
+    "stage_memory",
+    "stage_parameters",
+]
