@@ -1,0 +1,88 @@
+"""Cost models: how long each operation of the layer graph, each collective and each transfer takes.
+
+``build_cost_model(cluster, profile, precision)`` ties the hardware spec (peaks, SM count, links)
+to a ``HardwareProfile`` (what the hardware achieves) and returns a ``CostModel`` whose answers
+are cached, since the plan search asks the same questions many times.
+"""
+
+from __future__ import annotations
+
+from simulator.costs.attention import attention_forward_flops, attention_time_s
+from simulator.costs.collectives import CollectiveModel, Group
+from simulator.costs.elementwise import elementwise_time_s
+from simulator.costs.gemm import gemm_efficiency, gemm_time_s
+from simulator.errors import ProfileError
+from simulator.hardware import ClusterSpec
+from simulator.layers import CollectiveKind, Op, OpKind
+from simulator.plan import Precision
+from simulator.profile import HardwareProfile
+
+__all__ = ["CostModel", "Group", "build_cost_model", "gemm_efficiency", "gemm_time_s"]
+
+
+def _peak_flops(cluster: ClusterSpec, precision: Precision) -> float:
+    peaks = cluster.gpu.peak_tflops
+    # fp32 runs on the CUDA cores: PyTorch leaves TF32 matmuls off by default
+    return {Precision.bf16: peaks.bf16, Precision.fp16: peaks.fp16, Precision.fp32: peaks.fp32}[precision] * 1e12
+
+
+class CostModel:
+    """Times, in seconds, of the layer graph's ops, of DP/PP collectives and of pipeline transfers."""
+
+    def __init__(self, cluster: ClusterSpec, profile: HardwareProfile, precision: Precision):
+        self.cluster = cluster
+        self.profile = profile
+        self.precision = precision
+        self.peak_flops = _peak_flops(cluster, precision)
+        self.overlap_compute_slowdown = profile.overlap_compute_slowdown
+        self.collectives = CollectiveModel(cluster, profile)
+        self._dtype_bytes = precision.activation_bytes
+        self._ops: dict[Op, float] = {}
+
+    def op_time_s(self, op: Op) -> float:
+        t = self._ops.get(op)
+        if t is None:
+            t = self._ops[op] = self._op_time_s(op)
+        return t
+
+    def _op_time_s(self, op: Op) -> float:
+        p, gpu = self.profile, self.cluster.gpu
+        if op.kind in (OpKind.gemm, OpKind.batched_gemm):
+            assert op.gemm is not None, op.name
+            s = op.gemm
+            return float(gemm_time_s(p.gemm, self.peak_flops, gpu.sm_count, s.m, s.n, s.k, s.batch, self._dtype_bytes,
+                                     s.accumulate_fp32))
+        if op.kind is OpKind.elementwise:
+            return float(elementwise_time_s(p.elementwise, gpu.hbm_bandwidth_gbps, op.bytes_moved)) if op.bytes_moved else 0.0
+        if op.kind is OpKind.flash_attention:
+            assert op.attention is not None, op.name
+            bh, seq, d, causal = op.attention
+            backward = op.flops > 1.5 * attention_forward_flops(bh, seq, d, causal)  # the backward is 2.5x the forward
+            return float(attention_time_s(p.attention, self.peak_flops, op.flops, seq, backward))
+        if op.kind is OpKind.collective:
+            assert op.collective is not None, op.name
+            c = op.collective
+            return self.collective_time_s(c.kind, c.bytes, Group(c.group_size, 1))
+        raise AssertionError(f"no cost model for op kind {op.kind}")
+
+    def collective_time_s(self, kind: CollectiveKind, nbytes: int, group: Group) -> float:
+        return self.collectives.time_s(kind, nbytes, group)
+
+    def busbw_gbps(self, kind: CollectiveKind, nbytes: int, group: Group) -> float:
+        return self.collectives.busbw_gbps(kind, nbytes, group)
+
+    def p2p_time_s(self, nbytes: int, inter_node: bool) -> float:
+        return self.collectives.p2p_time_s(nbytes, inter_node)
+
+    def gemm_efficiency(self, m: int, n: int, k: int, batch: int = 1) -> float:
+        return float(gemm_efficiency(self.profile.gemm, self.cluster.gpu.sm_count, m, n, k, batch, self._dtype_bytes))
+
+
+def build_cost_model(cluster: ClusterSpec, profile: HardwareProfile, precision: Precision) -> CostModel:
+    """The cost model of ``cluster`` running at the speeds of ``profile``."""
+    if profile.gpu.lower() != cluster.gpu.name.lower():
+        raise ProfileError(
+            f"profile {profile.name!r} describes GPU {profile.gpu!r} but cluster {cluster.name!r} has "
+            f"{cluster.gpu.name!r}; use the profile of {cluster.gpu.name}"
+        )
+    return CostModel(cluster, profile, precision)

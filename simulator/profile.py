@@ -1,0 +1,240 @@
+"""``HardwareProfile``: how fast a GPU and its links really run, as fitted parameters with sources.
+
+A profile is a versioned JSON file. Published profiles are fitted to microbenchmark numbers read
+from the literature (``calibration/published/hardware.md``); measured profiles are fitted to
+points timed on the user's own hardware. Both share this schema and say which they are. Every
+parameter block names the source of each number and, when it was fitted, keeps the raw points
+and the relative residuals of the fit, so a reader can judge how well the model form holds.
+
+The formulas that use these parameters live in ``simulator.costs``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from simulator._io import validation_message
+from simulator.errors import ProfileError
+
+SCHEMA_VERSION = 1
+
+
+def _profile_dir() -> Path:
+    # Through the installed ``calibration`` package so that a wheel finds its shipped JSON.
+    return Path(str(resources.files("calibration") / "profiles"))
+
+
+class FitRecord(BaseModel):
+    """The raw points a block was fitted to and the fit's relative residual at each, (model - data) / data."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    columns: tuple[str, ...]
+    points: tuple[tuple[float, ...], ...]
+    residuals: tuple[float, ...]
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _shapes_agree(self) -> "FitRecord":
+        if any(len(p) != len(self.columns) for p in self.points):
+            raise ValueError(f"fit points must each have {len(self.columns)} values ({', '.join(self.columns)})")
+        if len(self.residuals) != len(self.points):
+            raise ValueError(f"a fit has {len(self.points)} points but {len(self.residuals)} residuals; keep one per point")
+        return self
+
+    @property
+    def max_abs_residual(self) -> float:
+        return max((abs(r) for r in self.residuals), default=0.0)
+
+
+class _Block(BaseModel):
+    """A parameter block: every numeric field needs a ``sources`` entry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sources: dict[str, str]
+    fits: tuple[FitRecord, ...] = ()
+
+    @model_validator(mode="after")
+    def _every_number_has_a_source(self) -> "_Block":
+        missing = [
+            name for name, value in self
+            if name not in {"sources", "fits"} and value is not None and name not in self.sources
+        ]
+        if missing:
+            raise ValueError(f"{type(self).__name__} parameters {missing} have no entry under 'sources'; add one each")
+        return self
+
+
+class GemmParams(_Block):
+    """time = launch_overhead_s + flops / (peak_flops * eff), with
+
+    eff = max_efficiency * wave_eff(m, n, batch) * k / (k + k_half) * (misaligned_factor if misaligned),
+    wave_eff = tiles / (ceil(tiles / sm_count) * sm_count), tiles = ceil(m/tile_m) * ceil(n/tile_n) * batch.
+    """
+
+    max_efficiency: float = Field(gt=0, le=1, description="Fraction of the dense tensor peak the best shapes reach.")
+    tile_m: int = Field(gt=0, description="Output tile rows of one thread block (elements).")
+    tile_n: int = Field(gt=0, description="Output tile columns of one thread block (elements).")
+    k_half: float = Field(ge=0, description="Reduction length at which per-tile prologue/epilogue halve efficiency.")
+    misaligned_factor: float = Field(gt=0, le=1, description="Slowdown when m, n or k is not a multiple of alignment_bytes.")
+    alignment_bytes: int = Field(gt=0, description="Tensor-core alignment of each dimension, bytes (Anthony et al. 2024).")
+    launch_overhead_s: float = Field(ge=0, description="Fixed time per kernel, seconds.")
+    ceiling_efficiency: float | None = Field(
+        None, gt=0, le=1,
+        description="Best efficiency any shape reaches (a brute-force shape search's maximum); caps the formula.",
+    )
+
+
+class ElementwiseParams(_Block):
+    """Memory-bound kernels: time = launch_overhead_s + bytes / (hbm_bandwidth * achieved_fraction)."""
+
+    achieved_fraction: float = Field(gt=0, le=1, description="Fraction of peak HBM bandwidth a fused kernel reaches.")
+    launch_overhead_s: float = Field(ge=0, description="Fixed time per kernel, seconds.")
+
+
+class AttentionParams(_Block):
+    """Fused (flash) attention: eff = phase_efficiency * s / (s + seq_half), of the dense tensor peak."""
+
+    forward_efficiency: float = Field(gt=0, le=1, description="Forward efficiency at long sequences [FA2].")
+    backward_efficiency: float = Field(gt=0, le=1, description="Backward efficiency at long sequences [FA2].")
+    seq_half: float = Field(0.0, ge=0, description="Sequence length at which the efficiency halves (0: no size term).")
+    launch_overhead_s: float = Field(ge=0, description="Fixed time per kernel, seconds.")
+
+
+class LinkParams(_Block):
+    """One link class of NCCL collectives: busbw(S) = max_busbw_gbps * S^p / (S^p + half_size_bytes^p).
+
+    p = ``ramp_exponent``; p = 1 is the plain saturating form. The published 8x A100 curve rises
+    more slowly than that (NCCL adds channels and switches protocol as messages grow: 177 GB/s at
+    128 MiB, 229 at 1 GiB, 235 at 16 GiB), and a fitted p < 1 follows it to a few percent.
+
+    A collective takes latency + algorithm_factor * S / busbw(S). For ``nvlink`` the latency is that
+    of a whole intra-node collective; for ``network`` it is the cost of one inter-node step, so a
+    collective's latency grows with the steps (ring) or tree levels it crosses.
+    """
+
+    latency_s: float = Field(ge=0)
+    max_busbw_gbps: float = Field(gt=0, description="Ring bus bandwidth for large messages, GB/s (per GPU or per NIC).")
+    half_size_bytes: float = Field(ge=0, description="Message size at which bus bandwidth is half its maximum.")
+    ramp_exponent: float = Field(1.0, gt=0, description="Steepness p of the bus-bandwidth ramp with message size.")
+    nvls_max_busbw_gbps: float | None = Field(
+        None, gt=0, description="All-reduce bus bandwidth with NVLink SHARP (Hopper and later), GB/s."
+    )
+    p2p_bandwidth_gbps: float = Field(gt=0, description="Send/recv bandwidth of one GPU pair, GB/s.")
+    p2p_latency_s: float = Field(ge=0)
+
+
+class CollectiveParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nvlink: LinkParams
+    network: LinkParams
+
+
+class DeviceInfo(BaseModel):
+    """Where a profile was measured; all null for a published profile."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = None
+    driver: str | None = None
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    date: str | None = None
+    host: str | None = None
+
+
+class HardwareProfile(BaseModel):
+    """How fast one GPU type (and its node's links) really runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1]
+    name: str
+    source: Literal["published", "measured"]
+    gpu: str = Field(description="The GpuSpec name this profile describes.")
+    device: DeviceInfo = DeviceInfo()
+    gemm: GemmParams
+    elementwise: ElementwiseParams
+    attention: AttentionParams
+    collectives: CollectiveParams
+    overlap_compute_slowdown: float = Field(
+        ge=0, lt=1, description="Fraction by which compute slows while an NCCL kernel runs beside it."
+    )
+    overlap_source: str
+    notes: str = ""
+
+    def __hash__(self) -> int:
+        # Cost models are cached per profile; the dict-valued sources make the default hash fail.
+        return hash(self.model_dump_json())
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in _profile_dir().glob("*.json"))
+
+
+def _parse(text: str, where: str) -> HardwareProfile:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"profile {where} is not valid JSON ({exc.msg} at line {exc.lineno}); "
+                           "fix it or rebuild it with `simulator calibrate`") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile {where} must hold a JSON object, not {type(data).__name__}; rebuild it")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ProfileError(f"profile {where} has schema_version={version!r} but this simulator reads "
+                           f"version {SCHEMA_VERSION}; rebuild the profile with this version")
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(f"profile {where}: {validation_message(exc, 'profile')}; fix the file or rebuild it") from None
+
+
+def load_profile(path_or_name: str | os.PathLike) -> HardwareProfile:
+    """A shipped profile by name (``a100-sxm4-80gb-published``) or a JSON file."""
+    text_name = str(path_or_name)
+    path = _profile_dir() / f"{text_name}.json"
+    if not path.is_file():
+        path = Path(path_or_name)
+        if not path.is_file():
+            raise ProfileError(f"unknown profile {text_name!r}; use one of {', '.join(profile_names())} "
+                               "or the path of a profile JSON file")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile {str(path)!r}: {exc.strerror}; check the path") from None
+    return _parse(text, repr(str(path)))
+
+
+def default_profile(gpu_name: str) -> HardwareProfile:
+    """The published profile of a GPU (``A100-SXM4-80GB`` -> ``a100-sxm4-80gb-published``)."""
+    name = f"{gpu_name.lower()}-published"
+    if not (_profile_dir() / f"{name}.json").is_file():
+        raise ProfileError(f"no published profile for GPU {gpu_name!r}; pass --profile with a measured profile "
+                           f"or use one of {', '.join(profile_names())}")
+    return load_profile(name)
+
+
+def save_profile(profile: HardwareProfile, path: str | os.PathLike) -> Path:
+    """Write a profile atomically: a temp file in the same folder, then os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(profile.model_dump_json(indent=2) + "\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a profile is meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

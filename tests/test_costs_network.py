@@ -1,0 +1,80 @@
+"""Collectives on the cluster graph against published NCCL numbers, and their invariants."""
+
+import pytest
+
+from simulator.costs import Group, build_cost_model
+from simulator.costs.network import NETWORK, NVLINK, build_network
+from simulator.hardware import load_cluster
+from simulator.layers import CollectiveKind as K
+from simulator.layers import CollectiveOp, Op, OpKind
+from simulator.plan import Precision
+from simulator.profile import load_profile
+
+CLUSTER = load_cluster("dgx-a100-80gb")
+COST = build_cost_model(CLUSTER, load_profile("a100-sxm4-80gb-published"), Precision.bf16)
+GIB = 2**30
+
+
+def test_graph_has_gpus_nvswitch_rail_nics_leaves_and_spine():
+    g = build_network(CLUSTER, 64)  # 8 nodes, one scalable unit
+    kinds = [v[0] for v in g.nodes]
+    assert kinds.count("gpu") == 64 and kinds.count("nvswitch") == 8 and kinds.count("nic") == 64
+    assert kinds.count("leaf") == 8 and kinds.count("spine") == 1
+    assert g.edges[("gpu", 0), ("nvswitch", 0)]["link_class"] == NVLINK
+    assert g.edges[("nic", 0, 3), ("leaf", 0, 3)]["capacity_gbps"] == pytest.approx(25.0)
+    assert g.edges[("nic", 0, 3), ("leaf", 0, 3)]["link_class"] == NETWORK
+
+
+def test_intra_node_all_reduce_matches_published_curve():
+    # [stas-net] 8x A100 all_reduce_perf: 229.04 GB/s busbw at 1 GiB, 43.83 us at 32 KiB.
+    assert COST.busbw_gbps(K.all_reduce, GIB, Group(8)) == pytest.approx(229.04, rel=0.05)
+    assert COST.collective_time_s(K.all_reduce, 32 * 1024, Group(8)) == pytest.approx(43.83e-6, rel=0.10)
+
+
+def test_multi_node_all_reduce_is_nic_bound_near_192():
+    # NVIDIA/nccl#812: DGX A100 with 8x HDR measures 192 GB/s all-reduce busbw.
+    for nodes in (2, 8, 32):
+        assert COST.busbw_gbps(K.all_reduce, 4 * GIB, Group(8 * nodes)) == pytest.approx(192, rel=0.05)
+
+
+def test_dp_groups_with_tp8_each_get_their_own_rail():
+    # Eight DP groups run at once, one per TP rank; each crosses nodes on its own NIC at ~24 GB/s.
+    shape = COST.collectives.network.ring(16, 8)
+    assert shape.bottleneck_class == NETWORK
+    assert shape.busbw_gbps == pytest.approx(24.0, rel=0.01)
+
+
+def test_all_gather_and_reduce_scatter_each_take_half_an_all_reduce():
+    for group in (Group(8), Group(4, 2), Group(32), Group(16, 8)):
+        ar = COST.collective_time_s(K.all_reduce, 512 * 2**20, group)
+        for kind in (K.all_gather, K.reduce_scatter):
+            assert COST.collective_time_s(kind, 512 * 2**20, group) / ar == pytest.approx(0.5, abs=0.05)
+
+
+def test_size_one_groups_and_tp1_cost_nothing():
+    assert COST.collective_time_s(K.all_reduce, GIB, Group(1)) == 0.0
+    op = Op("x", OpKind.collective, collective=CollectiveOp(K.all_reduce, GIB, 1))
+    assert COST.op_time_s(op) == 0.0
+
+
+def test_small_message_latency_grows_with_nodes_and_stays_near_published():
+    lat = [COST.collective_time_s(K.all_reduce, 8, Group(8 * n)) for n in (1, 2, 8, 32)]
+    assert lat == sorted(lat) and lat[0] < lat[1]
+    assert 55e-6 < lat[-1] < 80e-6  # nccl#652: 62-71 us for 4-128 B on 32 nodes
+
+
+def test_bandwidth_never_exceeds_the_links():
+    for group in (Group(2), Group(8), Group(16), Group(64, 1), Group(4, 8)):
+        for size in (2**16, 2**24, 2**32):
+            assert COST.busbw_gbps(K.all_reduce, size, group) <= 300 * 8 / 8
+
+
+def test_p2p_across_nodes_is_slower_than_over_nvlink():
+    assert COST.p2p_time_s(64 * 2**20, inter_node=True) > 5 * COST.p2p_time_s(64 * 2**20, inter_node=False)
+    assert COST.p2p_time_s(0, inter_node=True) == 0.0
+
+
+def test_h100_full_node_all_reduce_uses_nvls():
+    h100 = build_cost_model(load_cluster("dgx-h100"), load_profile("h100-sxm5-80gb-published"), Precision.bf16)
+    assert h100.busbw_gbps(K.all_reduce, 16 * GIB, Group(8)) == pytest.approx(480, rel=0.06)  # nccl-tests#212
+    assert h100.busbw_gbps(K.all_gather, 16 * GIB, Group(8)) == pytest.approx(362, rel=0.05)  # ring
