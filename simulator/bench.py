@@ -1,0 +1,87 @@
+"""Speed benchmarks: `python -m simulator.bench [engine|search|all]`.
+
+Speed is a feature of a planner (a search evaluates thousands of plans), so it is measured here,
+not asserted in a timed test. Each figure is the median of several runs on this machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+from simulator.engine import simulate
+from simulator.estimate import build_work
+from simulator.hardware import load_cluster
+from simulator.model import load_model
+from simulator.plan import Job, ParallelPlan, RecomputePolicy
+from simulator.schedules import build_schedule
+from simulator.timing import _default_cost, extra_times, layer_times
+
+
+def _median_s(fn, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def gpt3_job(pp: int = 16, vpp: int = 2, gbs: int = 1536, gpus: int = 1024) -> Job:
+    plan = ParallelPlan(
+        tensor_parallel_size=8, pipeline_parallel_size=pp, data_parallel_size=gpus // (8 * pp),
+        virtual_pipeline_stages=vpp, sequence_parallel=True, micro_batch_size=1, global_batch_size=gbs,
+        recompute=RecomputePolicy(granularity="selective"),
+    )
+    return Job(model=load_model("gpt3-175b"), cluster=load_cluster("dgx-a100-80gb"), plan=plan)
+
+
+def bench_engine() -> None:
+    job = gpt3_job()
+    cost = _default_cost(job, None)
+    work = build_work(job, cost, layer_times(job, cost=cost), extra_times(job, cost))
+    p, m, v = job.plan.pipeline_parallel_size, job.plan.num_micro_batches, job.plan.virtual_pipeline_stages
+    schedule = build_schedule(p, m, v)
+    t = _median_s(lambda: simulate(schedule, work))
+    print(f"engine: GPT-3 175B, 1,024 A100, TP 8 PP {p} DP {job.plan.data_parallel_size}, interleaved v={v}, "
+          f"{m} micro-batches per pipeline: {t * 1e3:.1f} ms per simulated iteration (median of 5)")
+    print("  growth with micro-batches (p=16, v=2):")
+    for gbs in (384, 768, 1536, 3072):
+        j = gpt3_job(gbs=gbs)
+        w = build_work(j, cost, layer_times(j, cost=cost), extra_times(j, cost))
+        s = build_schedule(16, j.plan.num_micro_batches, 2)
+        print(f"    m={j.plan.num_micro_batches:5d}: {_median_s(lambda: simulate(s, w), 3) * 1e3:7.1f} ms")
+    print("  growth with stages (m=192, v=1):")
+    for pp in (4, 8, 16, 32):
+        j = gpt3_job(pp=pp, vpp=1, gpus=8 * pp * 8)
+        w = build_work(j, cost, layer_times(j, cost=cost), extra_times(j, cost))
+        s = build_schedule(pp, j.plan.num_micro_batches, 1)
+        print(f"    p={pp:3d}: {_median_s(lambda: simulate(s, w), 3) * 1e3:7.1f} ms")
+
+
+def bench_search() -> None:
+    from simulator.search import SearchRequest, search
+
+    job = gpt3_job()
+    req = SearchRequest(model=job.model, cluster=job.cluster, num_gpus=1024, global_batch_size=1536)
+    t0 = time.perf_counter()
+    result = search(req)
+    elapsed = time.perf_counter() - t0
+    print(f"search: GPT-3 175B on 1,024 A100-80GB, global batch 1,536: {result.enumerated} candidates enumerated, "
+          f"{result.pruned_memory} pruned by memory, {len(result.screened)} screened in closed form, "
+          f"{result.simulated} simulated; {elapsed:.2f} s wall ({result.enumerated / elapsed:.0f} plans/s)")
+    best = result.best
+    print(f"  best: {best.estimate.iteration_time_s:.2f} s/iteration, MFU {best.estimate.mfu * 100:.1f} %")
+
+
+def main(argv: list[str]) -> None:
+    what = argv[0] if argv else "all"
+    if what in ("engine", "all"):
+        bench_engine()
+    if what in ("search", "all"):
+        bench_search()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,92 @@
+"""`simulator plan`: iteration time, MFU, breakdown, memory and training days of one plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from simulator.cli.options import job_from_options, plan_options
+from simulator.units import format_gib
+
+EXAMPLES = """
+\b
+Examples:
+  simulator plan --gpus 1024 --tp 8 --pp 16 --vpp 2 --sp --recompute-granularity selective \\
+      --gbs 1536 --tokens 300e9
+  simulator plan --model megatron-22b --tp 8 --gbs 4 --mbs 4 --json
+  simulator plan ... --trace iteration.json     # open in https://ui.perfetto.dev
+"""
+
+
+def plan_json(job, est) -> dict:
+    """The `simulator plan --json` document: the estimate plus the job that produced it."""
+    doc = est.model_dump(mode="json")
+    doc["model"] = job.model.name
+    doc["cluster"] = job.cluster.name
+    doc["plan"] = job.plan.model_dump(mode="json")
+    return doc
+
+
+def render(job, est) -> str:
+    plan, b = job.plan, est.breakdown
+    T = est.iteration_time_s
+    rec = plan.recompute.granularity.value
+    lines = [
+        f"{job.model.name} on {job.num_gpus} x {job.cluster.gpu.name} ({job.cluster.name}, {job.num_nodes} nodes)",
+        f"plan: TP {plan.tensor_parallel_size}, PP {plan.pipeline_parallel_size}"
+        + (f" (x{plan.virtual_pipeline_stages} interleaved)" if plan.interleaved else "")
+        + f", DP {plan.data_parallel_size}, SP {'on' if plan.sequence_parallel else 'off'}, recompute {rec}, "
+        f"micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size} "
+        f"({plan.num_micro_batches} micro-batches per pipeline)",
+        "",
+        f"iteration time   {T:9.3f} s",
+        f"MFU / HFU        {est.mfu * 100:8.1f} % / {est.hfu * 100:.1f} %   ({est.tflops_per_gpu:.0f} model TFLOP/s per GPU)",
+        f"throughput       {est.tokens_per_s:9.0f} tokens/s",
+        "",
+        f"breakdown (stage {est.critical_stage}):",
+    ]
+    for name, value in (("compute", b.compute_s), ("TP communication (exposed)", b.tp_communication_s),
+                        ("pipeline bubble", b.pipeline_bubble_s), ("pipeline transfers (exposed)", b.pipeline_transfer_s),
+                        ("DP gradient reduction (exposed)", b.data_parallel_s), ("optimizer", b.optimizer_s)):
+        lines.append(f"  {name:32s} {value:9.3f} s  {value / T * 100:5.1f} %")
+    mem = est.memory
+    worst = mem.stages[mem.overflowing_stage if mem.overflowing_stage is not None else
+                       max(range(len(mem.stages)), key=lambda i: mem.stages[i].peak_bytes)]
+    lines += [
+        "",
+        f"memory peak      {format_gib(mem.peak_bytes)} GiB of {format_gib(mem.capacity_bytes)} GiB "
+        f"(stage {worst.stage}) -> {'fits' if mem.fits else 'DOES NOT FIT'}",
+    ]
+    if est.training_days is not None:
+        lines += [f"training         {est.training_days:9.1f} days for {est.tokens:.3g} tokens "
+                  f"({est.gpu_hours:,.0f} GPU-hours)"]
+    return "\n".join(lines)
+
+
+@click.command("plan", epilog=EXAMPLES)
+@plan_options
+@click.option("--tokens", type=float, default=None, help="Training tokens, for days and GPU-hours (e.g. 300e9).")
+@click.option("--profile", "profile_path", default=None, metavar="FILE|NAME",
+              help="Hardware profile (default: the published profile of the cluster's GPU).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a Chrome trace-event JSON of the iteration (Perfetto).")
+def plan_command(tokens, profile_path, trace_path, as_json, **kwargs):
+    """Predict one training iteration of a plan: time, MFU/HFU, breakdown, memory and training days."""
+    from simulator.estimate import simulate_job
+    from simulator.profile import load_profile
+
+    job = job_from_options(**kwargs)
+    profile = load_profile(profile_path) if profile_path else None
+    sim = simulate_job(job, profile, tokens=tokens, record=trace_path is not None)
+    if trace_path is not None:
+        from simulator.trace import write_trace
+
+        write_trace(sim, job, trace_path)
+    if as_json:
+        click.echo(json.dumps(plan_json(job, sim.estimate), indent=2, sort_keys=True))
+    else:
+        click.echo(render(job, sim.estimate))
+        if trace_path is not None:
+            click.echo(f"\ntrace written to {trace_path}")

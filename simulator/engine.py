@@ -1,0 +1,206 @@
+"""The discrete-event engine: one iteration of a pipeline, played in simpy.
+
+Each pipeline stage is a representative GPU (TP ranks and DP replicas are symmetric) with
+three streams: compute (a process walking the stage's schedule steps), pipeline send/receive
+(a FIFO link per stage and direction: a transfer holds it for its duration) and
+data-parallel gradient reduction (a ``Resource`` per stage). A step waits for its input to
+arrive, occupies the compute stream for its duration, then hands its output to the link.
+
+Gradient reduction runs after the stage's last backward, or, with ``overlap_grad_reduce``, per
+model chunk as soon as that chunk's last backward is done. The optimizer step waits for every
+stage (Megatron's gradient clipping takes a global norm), so the iteration ends at the slowest
+stage's ready time plus the slowest optimizer step.
+
+Event order depends only on the schedule data and the durations (simpy breaks ties by
+insertion order), so the same input gives the same result, bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+from simulator.schedules import Phase, Schedule, Step
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """Durations for one stage; tuples are indexed by model chunk."""
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]  # including the recompute replayed before each backward
+    grad_reduce_s: tuple[float, ...]  # DP reduction of each chunk's gradients
+    optimizer_s: float  # optimizer step (and, with the distributed optimizer, the parameter all-gather)
+
+
+@dataclass(frozen=True)
+class PipelineWork:
+    stages: tuple[StageWork, ...]
+    send_s: tuple[float, ...]  # transfer time from stage i to stage (i + 1) % p, one activation or gradient
+    overlap_grad_reduce: bool = False
+    # False: the sender's compute stream waits for its send to finish (Megatron's classic blocking
+    # batch_isend_irecv + wait); True: sends run beside compute (--overlap-p2p-communication).
+    overlap_p2p: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    stage: int
+    stream: str  # "compute", "send_forward", "send_backward", "dp"
+    name: str
+    start_s: float
+    end_s: float
+    step: Step | None = None
+
+
+@dataclass
+class StageResult:
+    busy_s: float = 0.0  # compute stream occupied
+    wait_s: float = 0.0  # compute stream idle: waiting for an input, or for a blocking send
+    transfer_wait_s: float = 0.0  # the part of the idle time spent while a transfer it needs was in flight
+    last_backward_end_s: float = 0.0
+    grads_ready_s: float = 0.0
+    optimizer_s: float = 0.0
+
+
+@dataclass
+class EngineResult:
+    iteration_time_s: float
+    stages: list[StageResult]
+    intervals: list[Interval] = field(default_factory=list)
+
+
+def _source(step: Step, p: int, v: int) -> int | None:
+    """The stage whose output this step consumes, or None (first forward / last backward)."""
+    if step.phase is Phase.forward:
+        if step.stage > 0:
+            return step.stage - 1
+        return p - 1 if step.chunk > 0 else None
+    if step.stage < p - 1:
+        return step.stage + 1
+    return 0 if step.chunk < v - 1 else None
+
+
+def _producer_key(step: Step, p: int, v: int) -> tuple | None:
+    """Arrival key of this step's input: (phase, micro_batch, receiving stage, receiving chunk)."""
+    if _source(step, p, v) is None:
+        return None
+    return (step.phase, step.micro_batch, step.stage, step.chunk)
+
+
+def _consumer(step: Step, p: int, v: int) -> tuple[int, tuple] | None:
+    """(receiving stage, arrival key) of this step's output, or None."""
+    s, c = step.stage, step.chunk
+    if step.phase is Phase.forward:
+        if s < p - 1:
+            return s + 1, (Phase.forward, step.micro_batch, s + 1, c)
+        return (0, (Phase.forward, step.micro_batch, 0, c + 1)) if c < v - 1 else None
+    if s > 0:
+        return s - 1, (Phase.backward, step.micro_batch, s - 1, c)
+    return (p - 1, (Phase.backward, step.micro_batch, p - 1, c - 1)) if c > 0 else None
+
+
+def simulate(schedule: Schedule, work: PipelineWork, record: bool = False) -> EngineResult:
+    """Play one iteration; with ``record`` keep every interval (for traces and timelines)."""
+    p = len(schedule)
+    v = len(work.stages[0].forward_s)
+    env = simpy.Environment()
+    arrivals: dict[tuple, simpy.Event] = {}
+    sent_at: dict[tuple, tuple[float, float]] = {}  # key -> (transfer start, duration)
+    dp_streams = [simpy.Resource(env, capacity=1) for _ in range(p)]
+    results = [StageResult() for _ in range(p)]
+    intervals: list[Interval] = []
+
+    def arrival(key: tuple) -> simpy.Event:
+        ev = arrivals.get(key)
+        if ev is None:
+            ev = arrivals[key] = env.event()
+        return ev
+
+    # A link is a FIFO resource of capacity one. Transfers are requested in time order, so
+    # holding a "free at" time per link gives exactly simpy.Resource's queueing without a
+    # process per transfer (the engine plays tens of thousands of them per iteration).
+    link_free_at = {(s, d): 0.0 for s in range(p) for d in (Phase.forward, Phase.backward)}
+
+    def transfer(stage: int, direction: Phase, key: tuple, duration: float) -> simpy.Event:
+        start = max(env.now, link_free_at[(stage, direction)])
+        link_free_at[(stage, direction)] = start + duration
+        sent_at[key] = (start, duration)
+        if record:
+            intervals.append(Interval(stage, f"send_{direction.value}", f"send mb{key[1]}", start, start + duration))
+        done = env.timeout(start + duration - env.now)
+        waiting = arrivals.get(key)
+        if waiting is None:
+            arrivals[key] = done
+        else:
+            done.callbacks.append(lambda _ev: waiting.succeed())
+        return done
+
+    def reduce(stage: int, chunk: int, duration: float):
+        with dp_streams[stage].request() as req:
+            yield req
+            start = env.now
+            yield env.timeout(duration)
+        if record:
+            intervals.append(Interval(stage, "dp", f"grad reduce chunk {chunk}", start, env.now))
+
+    last_backward = {}
+    for s, steps in enumerate(schedule):
+        for i, step in enumerate(steps):
+            if step.phase is Phase.backward:
+                last_backward[(s, step.chunk)] = i
+
+    def stage(s: int, steps: tuple[Step, ...]):
+        res, sw = results[s], work.stages[s]
+        reductions = []
+        for i, step in enumerate(steps):
+            key = _producer_key(step, p, v)
+            if key is not None:
+                ev = arrival(key)
+                if not ev.processed:
+                    waited_from = env.now
+                    yield ev
+                    res.wait_s += env.now - waited_from
+                    t_start, t_dur = sent_at[key]
+                    res.transfer_wait_s += min(env.now - waited_from, env.now - max(t_start, waited_from), t_dur)
+            forward = step.phase is Phase.forward
+            duration = sw.forward_s[step.chunk] if forward else sw.backward_s[step.chunk]
+            start = env.now
+            yield env.timeout(duration)
+            res.busy_s += duration
+            if record:
+                intervals.append(Interval(s, "compute", f"{'F' if forward else 'B'} mb{step.micro_batch} c{step.chunk}",
+                                          start, env.now, step))
+            out = _consumer(step, p, v)
+            if out is not None:
+                direction = step.phase
+                link_stage = s
+                send = work.send_s[s] if forward else work.send_s[(s - 1) % p]
+                done = transfer(link_stage, direction, out[1], send)
+                if not work.overlap_p2p:
+                    blocked_from = env.now
+                    yield done
+                    res.wait_s += env.now - blocked_from
+                    res.transfer_wait_s += env.now - blocked_from
+            if not forward:
+                res.last_backward_end_s = env.now
+                if work.overlap_grad_reduce and last_backward[(s, step.chunk)] == i:
+                    reductions.append(env.process(reduce(s, step.chunk, sw.grad_reduce_s[step.chunk])))
+        if not work.overlap_grad_reduce:
+            reductions = [env.process(reduce(s, c, d)) for c, d in enumerate(sw.grad_reduce_s)]
+        if reductions:
+            yield env.all_of(reductions)
+        res.grads_ready_s = env.now
+        res.optimizer_s = sw.optimizer_s
+
+    for s, steps in enumerate(schedule):
+        env.process(stage(s, steps))
+    env.run()
+    ready = max(r.grads_ready_s for r in results)
+    optimizer = max(r.optimizer_s for r in results)
+    if record:
+        for s, r in enumerate(results):
+            intervals.append(Interval(s, "compute", "optimizer", ready, ready + r.optimizer_s))
+    intervals.sort(key=lambda iv: (iv.stage, iv.start_s, iv.stream, iv.name))
+    return EngineResult(ready + optimizer, results, intervals)
