@@ -1,0 +1,108 @@
+"""Starting the reference loop under torchrun, so users need not (no torch import here).
+
+``simulator reference`` and the tests call these; both turn a failed launch into one
+``RunRecordError`` sentence, with the full output kept in a log file next to the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from simulator.errors import ConfigError, RunRecordError
+from simulator.model import Normalization, PositionEmbedding
+from simulator.plan import Job, RecomputeGranularity, RecomputeMethod
+from simulator.run_record import RunRecord, load_run_record
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRAIN_SCRIPT = Path(__file__).resolve().with_name("train.py")
+
+
+def torchrun_command(nproc: int, train_args: list[str], script: Path | None = None) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N train.py ...`` with this interpreter."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            str(script or TRAIN_SCRIPT), *train_args]
+
+
+def check_supported(job: Job) -> None:
+    """The reference loop implements GPT-style layers only; say so before any process starts."""
+    m, p = job.model, job.plan
+    unsupported = [
+        (m.swiglu, "swiglu", "use a GeLU MLP"),
+        (m.normalization is not Normalization.layernorm, "RMSNorm", "use LayerNorm"),
+        (m.position_embedding_type is not PositionEmbedding.learned_absolute, "rotary embeddings",
+         "use learned absolute positions"),
+        (m.query_groups != m.num_attention_heads, f"num_query_groups={m.num_query_groups}", "drop grouped-query attention"),
+        (m.untie_embeddings_and_output_weights, "untied output weights", "tie them"),
+        (not m.add_bias_linear, "linear layers without bias", "keep the biases"),
+        (p.use_flash_attention, "flash attention", "drop --use-flash-attn"),
+        (p.use_distributed_optimizer, "the distributed optimizer", "drop --use-distributed-optimizer"),
+        (p.recompute.granularity is RecomputeGranularity.full and p.recompute.method is RecomputeMethod.uniform
+         and p.recompute.num_layers > 1, f"uniform recompute groups of {p.recompute.num_layers} layers",
+         "use --recompute-num-layers 1 or --recompute-method block"),
+    ]
+    for bad, what, fix in unsupported:
+        if bad:
+            raise ConfigError(f"the reference training loop does not implement {what}; {fix}")
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)(: .*)?$")
+
+
+def _first_error(output: str) -> str:
+    """The line that says what went wrong: the loop's own 'error:' line, else the last exception line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("error: "):
+            return line[len("error: "):].rstrip(".")
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.match(line) and not line.startswith("torch.distributed"):
+            return line.rstrip(".")
+    return lines[-1].rstrip(".") if lines else "no output"
+
+
+def launch(nproc: int, train_args: list[str], log: Path, script: Path | None = None, timeout_s: float | None = None) -> None:
+    """Run torchrun; raise RunRecordError naming the first error if any rank fails."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    try:
+        done = subprocess.run(torchrun_command(nproc, train_args, script), env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RunRecordError(f"the reference run took more than {timeout_s:.0f} s and was stopped; "
+                             "use fewer iterations or a smaller model") from None
+    if done.returncode != 0:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(done.stdout + done.stderr)
+        raise RunRecordError(
+            f"the reference run failed (torchrun exit code {done.returncode}): {_first_error(done.stderr + done.stdout)}; "
+            f"no record was written, the full output is in {str(log)!r}"
+        )
+
+
+def run_reference(job: Job, *, device: str, iterations: int, out: Path, seed: int = 1234,
+                  script: Path | None = None) -> RunRecord:
+    """One run of ``job`` on ``job.num_gpus`` processes; returns the record it wrote to ``out``."""
+    out = Path(out)
+    out.unlink(missing_ok=True)  # a stale record must not pass for this run's
+    args = ["--job", job.model_dump_json(), "--device", device, "--iterations", str(iterations), "--out", str(out),
+            "--seed", str(seed)]
+    launch(job.num_gpus, args, out.with_name(out.name + ".log"), script)
+    return load_run_record(out)
+
+
+def run_batch(entries: list[dict], *, nproc: int, device: str, workdir: Path) -> None:
+    """Several jobs of the same world size in one launch (starting processes is the slow part).
+
+    ``entries``: dicts of ``job`` (a Job), ``out``, ``iterations`` and optionally ``dump_gradients``.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    batch = workdir / "batch.json"
+    batch.write_text(json.dumps([{**e, "job": e["job"].model_dump(mode="json"),
+                                  **{k: str(e[k]) for k in ("out", "dump_gradients") if e.get(k) is not None}}
+                                 for e in entries]))
+    launch(nproc, ["--batch", str(batch), "--device", device], workdir / "batch.log")

@@ -1,0 +1,237 @@
+"""A GPT in Megatron's layout, built from the simulator's own ``ModelSpec`` and ``ParallelPlan``.
+
+``GPTChunk`` is one pipeline model chunk: the embedding on the first chunk, a run of
+``TransformerLayer``s, and the final norm, output layer and loss on the last. The layer saves for
+its backward pass exactly the tensors ``simulator.layers.transformer_layer`` lists (Korthikanti
+Table 2), which ``tests/calibration/test_reference_memory.py`` checks byte for byte:
+
+- norm inputs, the (sharded under SP) inputs of the column-parallel GEMMs, q, k, v, the softmax
+  output, the 1-byte attention-dropout mask and the dropout output, the projection input, the
+  GeLU input, the fc2 input, and two 1-byte hidden-dropout masks;
+- PyTorch's LayerNorm also keeps its per-token fp32 mean and 1/std, which the paper (and the
+  simulator) leave out; the meter reports them apart as ``norm_statistics_bytes``.
+
+Recompute: ``selective`` checkpoints the attention core (QK^T, softmax, dropout, attention over
+values; Korthikanti Section 5) and keeps only q, k, v; ``full`` checkpoints whole layers and
+keeps only their input. Both use ``torch.utils.checkpoint`` (non-reentrant), which restores the
+RNG state, so dropout masks and the math are unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from calibration.reference.parallel import (
+    ColumnParallelLinear,
+    ParallelGroups,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    attention_scale,
+    column_parallel_matmul,
+    init_shard,
+    reduce_from_tensor_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+    vocab_parallel_cross_entropy,
+)
+from simulator.model import ModelSpec
+from simulator.plan import Job, ParallelPlan, PipelineSchedule, RecomputeGranularity, RecomputeMethod
+
+# A recompute timer: called as timer(fn, *args) when a checkpointed region is replayed in backward.
+RecomputeTimer = Callable[..., torch.Tensor] | None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Dropout that keeps a 1-byte boolean mask, as Megatron's fused kernels do on GPU.
+
+    ``F.dropout`` on CPU keeps a mask in the activation dtype (4 bytes in fp32);
+    ``native_dropout`` keeps a ``bool`` mask on every device.
+    """
+    if p == 0.0 or not training:
+        return x
+    return torch.native_dropout(x, p, True)[0]
+
+
+def replay_checkpoint(fn: Callable[..., torch.Tensor], timer: RecomputeTimer, *args: torch.Tensor) -> torch.Tensor:
+    """``torch.utils.checkpoint`` whose replay in the backward pass goes through ``timer``."""
+    calls = 0
+
+    def run(*inner: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        if calls == 1 or timer is None:
+            return fn(*inner)
+        return timer(fn, *inner)
+
+    return checkpoint(run, *args, use_reentrant=False)
+
+
+def _layer_norm(hidden: int, name: str, sequence_parallel: bool, dtype, device) -> nn.LayerNorm:
+    norm = nn.LayerNorm(hidden, eps=1e-5, dtype=dtype, device=device)
+    for suffix, param in (("weight", norm.weight), ("bias", norm.bias)):
+        param.global_name, param.partition_dim = f"{name}.{suffix}", None
+        # under SP each rank sees a sequence shard, so these gradients are partial sums over TP
+        param.sequence_parallel = sequence_parallel
+    return norm
+
+
+class TransformerLayer(nn.Module):
+    """Pre-norm GPT layer on one TP rank: x + Attn(LN(x)), then x + MLP(LN(x)); ``[s, b, h]`` in and out."""
+
+    def __init__(self, *, model: ModelSpec, plan: ParallelPlan, groups: ParallelGroups, index: int, seed: int,
+                 dtype: torch.dtype, device) -> None:
+        super().__init__()
+        h, t, sp = model.hidden_size, groups.tp_size, plan.sequence_parallel
+        name = f"layers.{index}"
+        common = dict(groups=groups, sequence_parallel=sp, seed=seed, dtype=dtype, device=device, bias=True)
+        self.index = index
+        self.heads = model.num_attention_heads // t  # np: heads on this rank
+        self.head_dim = model.head_dim  # hn
+        self.attention_dropout, self.hidden_dropout = model.attention_dropout, model.hidden_dropout
+        self.selective = plan.recompute.granularity is RecomputeGranularity.selective
+        self.input_norm = _layer_norm(h, f"{name}.input_norm", sp, dtype, device)
+        # qkv rows are laid out per head as [q_i, k_i, v_i], so a contiguous TP slice is whole heads
+        self.qkv = ColumnParallelLinear(h, 3 * h, name=f"{name}.qkv", **common)
+        self.proj = RowParallelLinear(h, h, name=f"{name}.proj", **common)
+        self.pre_mlp_norm = _layer_norm(h, f"{name}.pre_mlp_norm", sp, dtype, device)
+        self.fc1 = ColumnParallelLinear(h, model.ffn_size, name=f"{name}.fc1", **common)
+        self.fc2 = RowParallelLinear(model.ffn_size, h, name=f"{name}.fc2", **common)
+        s = model.seq_length
+        causal = torch.full((s, s), float("-inf"), dtype=dtype, device=device).triu(1)
+        self.register_buffer("causal_bias", causal, persistent=False)
+
+    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(QK^T / sqrt(hn) + causal) -> dropout -> x V; q, k, v (s, b, np, hn) -> (s, b, np*hn)."""
+        s, b, n, d = q.shape
+        q = q.reshape(s, b * n, d).transpose(0, 1)  # (b*np, s, hn), still a view of the qkv output
+        k = k.reshape(s, b * n, d).transpose(0, 1)
+        v = v.reshape(s, b * n, d).transpose(0, 1)
+        scores = torch.bmm(q, k.transpose(1, 2)) * attention_scale(d)  # (b*np, s, s)
+        probs = torch.softmax(scores + self.causal_bias, dim=-1)  # keeps its output
+        probs = dropout(probs, self.attention_dropout, self.training)  # keeps a 1-byte mask
+        context = torch.bmm(probs, v)  # (b*np, s, hn); keeps probs and v
+        return context.transpose(0, 1).reshape(s, b, n * d)
+
+    def forward(self, x: torch.Tensor, recompute_timer: RecomputeTimer = None) -> torch.Tensor:
+        y = self.input_norm(x)  # (s/t or s, b, h)
+        qkv = self.qkv(y)  # (s, b, 3 h/t)
+        s, b, _ = qkv.shape
+        q, k, v = qkv.view(s, b, self.heads, 3 * self.head_dim).split(self.head_dim, dim=-1)  # (s, b, np, hn)
+        if self.selective:
+            context = replay_checkpoint(self.core_attention, recompute_timer, q, k, v)
+        else:
+            context = self.core_attention(q, k, v)
+        x = x + dropout(self.proj(context), self.hidden_dropout, self.training)
+        y = self.fc2(F.gelu(self.fc1(self.pre_mlp_norm(x))))
+        return x + dropout(y, self.hidden_dropout, self.training)
+
+
+class Embedding(nn.Module):
+    """Vocabulary-parallel word embedding plus a learned position table, then dropout."""
+
+    def __init__(self, *, model: ModelSpec, plan: ParallelPlan, groups: ParallelGroups, seed: int, dtype, device):
+        super().__init__()
+        self.groups, self.sequence_parallel = groups, plan.sequence_parallel
+        self.word = VocabParallelEmbedding(model.vocab_size, model.hidden_size, groups=groups,
+                                           name="embedding.word", seed=seed, dtype=dtype, device=device)
+        self.position = nn.Parameter(torch.empty(model.seq_length, model.hidden_size, dtype=dtype, device=device))
+        init_shard(self.position, "embedding.position", tuple(self.position.shape), None, 0, 1, seed, "normal")
+        self.position.sequence_parallel = plan.sequence_parallel
+        self.hidden_dropout = model.hidden_dropout
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (b, s) -> hidden (s, b, h), or its sequence shard (s/t, b, h) under SP."""
+        words = self.word(tokens.t())
+        if self.sequence_parallel:
+            words = reduce_scatter_to_sequence_parallel_region(words, self.groups.tp)
+            n = words.shape[0]
+            positions = self.position[self.groups.tp_rank * n:(self.groups.tp_rank + 1) * n]
+        else:
+            words = reduce_from_tensor_parallel_region(words, self.groups.tp)
+            positions = self.position
+        return dropout(words + positions.unsqueeze(1), self.hidden_dropout, self.training)
+
+
+class GPTChunk(nn.Module):
+    """One pipeline model chunk: [embedding] -> layers -> [final norm, output layer, loss]."""
+
+    def __init__(self, *, job: Job, groups: ParallelGroups, layer_ids: list[int], pre_process: bool,
+                 post_process: bool, seed: int, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        model, plan = job.model, job.plan
+        self.groups, self.plan = groups, plan
+        self.pre_process, self.post_process = pre_process, post_process
+        common = dict(model=model, plan=plan, groups=groups, seed=seed, dtype=dtype, device=device)
+        self.embedding = Embedding(**common) if pre_process else None
+        self.layers = nn.ModuleList(TransformerLayer(index=i, **common) for i in layer_ids)
+        self.full_recompute = _full_recompute_layers(plan, len(layer_ids))
+        if post_process:
+            self.final_norm = _layer_norm(model.hidden_size, "final_norm", plan.sequence_parallel, dtype, device)
+            # the output layer reuses the word embedding; a later stage keeps its own copy whose
+            # gradient is summed with the first stage's over the embedding group
+            self.output_word = None if pre_process else VocabParallelEmbedding(
+                model.vocab_size, model.hidden_size, groups=groups, name="embedding.word", seed=seed,
+                dtype=dtype, device=device)
+
+    def output_weight(self) -> nn.Parameter:
+        return self.embedding.word.weight if self.embedding is not None else self.output_word.weight
+
+    def forward(self, hidden: torch.Tensor | None, tokens: torch.Tensor, targets: torch.Tensor,
+                probe=None) -> torch.Tensor:
+        """Hidden states (s_local, b, h) out, or the mean loss of the micro-batch on the last chunk."""
+        if self.embedding is not None:
+            hidden = self.embedding(tokens)
+        for position, layer in enumerate(self.layers):
+            full = position in self.full_recompute
+
+            def run(x, timer, layer=layer, full=full):
+                if full:
+                    return replay_checkpoint(layer, timer, x)
+                return layer(x, timer)
+
+            hidden = probe(layer.index, run, hidden) if probe is not None else run(hidden, None)
+        if not self.post_process:
+            return hidden
+        y = self.final_norm(hidden)
+        logits = column_parallel_matmul(y, self.output_weight(), None, self.groups.tp, self.plan.sequence_parallel)
+        vocab_start = self.groups.tp_rank * logits.shape[-1]
+        return vocab_parallel_cross_entropy(logits, targets.t(), self.groups.tp, vocab_start).mean()
+
+
+def _full_recompute_layers(plan: ParallelPlan, num_layers: int) -> set[int]:
+    """Positions in the chunk that full recompute checkpoints (uniform: every layer; block: the first N)."""
+    r = plan.recompute
+    if r.granularity is not RecomputeGranularity.full:
+        return set()
+    if r.method is RecomputeMethod.block:
+        return set(range(min(r.num_layers, num_layers)))
+    return set(range(num_layers))
+
+
+def recomputed_layer(plan: ParallelPlan, position_in_chunk: int) -> RecomputeGranularity:
+    """The granularity that applies to one layer: block recompute leaves the later layers as 'none'."""
+    r = plan.recompute
+    if r.granularity is RecomputeGranularity.full and r.method is RecomputeMethod.block \
+            and position_in_chunk >= r.num_layers:
+        return RecomputeGranularity.none
+    return r.granularity
+
+
+def chunk_layer_ids(job: Job) -> dict[tuple[int, int], list[int]]:
+    """(stage, chunk) -> global layer indices; model chunk c*p + s holds consecutive layers (Megatron)."""
+    p, v = job.plan.pipeline_parallel_size, job.plan.virtual_pipeline_stages
+    sizes = [job.layers_per_chunk[s] for _ in range(v) for s in range(p)]  # by model chunk c*p + s
+    out, start = {}, 0
+    for model_chunk, n in enumerate(sizes):
+        c, s = divmod(model_chunk, p)
+        out[(s, c)] = list(range(start, start + n))
+        start += n
+    return out
+
+
+def schedule_kind(plan: ParallelPlan) -> str:
+    return "gpipe" if plan.schedule is PipelineSchedule.gpipe else "1f1b"

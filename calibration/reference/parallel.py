@@ -1,0 +1,331 @@
+"""Process groups and Megatron's tensor-parallel building blocks, over explicit groups.
+
+Rank layout (Megatron's default order): tensor-parallel ranks are adjacent, then data-parallel,
+then pipeline stages, so ``rank = tp + TP * (dp + DP * stage)`` and global rank 0 is stage 0,
+TP rank 0, DP rank 0. Every function takes its process group as an argument; nothing lives in
+module globals.
+
+Activations are laid out ``[s, b, h]`` (sequence first) as in Megatron, so a sequence-parallel
+shard is a contiguous slice of the first dimension.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ParallelGroups:
+    """This rank's coordinates and the groups it talks over."""
+
+    rank: int
+    tp_rank: int
+    tp_size: int
+    dp_rank: int
+    dp_size: int
+    pp_rank: int
+    pp_size: int
+    tp: dist.ProcessGroup | None
+    dp: dist.ProcessGroup | None
+    embedding: dist.ProcessGroup | None  # first and last stage, for the tied word embedding
+
+    def stage_rank(self, stage: int) -> int:
+        """Global rank of ``stage`` with this rank's TP and DP coordinates."""
+        return self.tp_rank + self.tp_size * (self.dp_rank + self.dp_size * stage)
+
+
+def build_groups(tp_size: int, pp_size: int, dp_size: int) -> ParallelGroups:
+    """Create every group on every rank (``new_group`` is collective) and keep this rank's."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if tp_size * pp_size * dp_size != world:
+        raise ValueError(f"Invalid parallel dims: tp({tp_size}) * pp({pp_size}) * dp({dp_size}) != world_size({world})")
+    tp_rank, dp_rank, pp_rank = rank % tp_size, (rank // tp_size) % dp_size, rank // (tp_size * dp_size)
+
+    def rank_of(t: int, d: int, p: int) -> int:
+        return t + tp_size * (d + dp_size * p)
+
+    mine: dict[str, dist.ProcessGroup | None] = {"tp": None, "dp": None, "embedding": None}
+    for p in range(pp_size):
+        for d in range(dp_size):
+            ranks = [rank_of(t, d, p) for t in range(tp_size)]
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine["tp"] = group
+    for p in range(pp_size):
+        for t in range(tp_size):
+            ranks = [rank_of(t, d, p) for d in range(dp_size)]
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine["dp"] = group
+    if pp_size > 1:
+        for d in range(dp_size):
+            for t in range(tp_size):
+                ranks = [rank_of(t, d, 0), rank_of(t, d, pp_size - 1)]
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    mine["embedding"] = group
+    return ParallelGroups(rank, tp_rank, tp_size, dp_rank, dp_size, pp_rank, pp_size, **mine)
+
+
+# ---------------------------------------------------------------- collectives along the first dim
+
+
+def _size(group) -> int:
+    return dist.get_world_size(group) if group is not None else 1
+
+
+def all_gather_first_dim(x: torch.Tensor, group) -> torch.Tensor:
+    if _size(group) == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=0)
+
+
+def reduce_scatter_first_dim(x: torch.Tensor, group) -> torch.Tensor:
+    n = _size(group)
+    if n == 1:
+        return x
+    x = x.contiguous()
+    if dist.get_backend(group) == "nccl":
+        out = x.new_empty((x.shape[0] // n,) + tuple(x.shape[1:]))
+        dist.reduce_scatter_tensor(out, x, group=group)
+        return out
+    # gloo has no reduce-scatter: all-reduce and keep this rank's slice (same result)
+    total = x.clone()
+    dist.all_reduce(total, group=group)
+    return total.chunk(n, dim=0)[dist.get_rank(group)].contiguous()
+
+
+def all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+    if _size(group) > 1:
+        dist.all_reduce(x, group=group)
+    return x
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Sum the partial outputs of a row-parallel layer; the gradient passes through unchanged."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        return all_reduce(x.clone(), group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _ReduceScatterToSP(torch.autograd.Function):
+    """Sequence parallel: sum partial outputs and keep this rank's sequence shard; backward all-gathers."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return reduce_scatter_first_dim(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_first_dim(grad, ctx.group), None
+
+
+def reduce_from_tensor_parallel_region(x, group):
+    return _ReduceFromTP.apply(x, group) if _size(group) > 1 else x
+
+
+def reduce_scatter_to_sequence_parallel_region(x, group):
+    return _ReduceScatterToSP.apply(x, group) if _size(group) > 1 else x
+
+
+class _LinearWithCommunication(torch.autograd.Function):
+    """Column-parallel GEMM with its TP communication, saving the input it was given.
+
+    Under sequence parallelism the input is a sequence shard: it is all-gathered for the GEMM,
+    and the *shard* is what is saved; backward all-gathers it again for the weight gradient and
+    reduce-scatters the input gradient (Korthikanti Section 4.2.2, Megatron's
+    ``LinearWithGradAccumulationAndAsyncCommunication``). Without SP the input gradient is
+    all-reduced (the backward of Megatron's ``copy_to_tensor_model_parallel_region``).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, sequence_parallel):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.sequence_parallel, ctx.has_bias = group, sequence_parallel, bias is not None
+        total = all_gather_first_dim(x, group) if sequence_parallel else x
+        out = torch.matmul(total, weight.t())
+        return out + bias if bias is not None else out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        total = all_gather_first_dim(x, ctx.group) if ctx.sequence_parallel else x
+        grad_input = torch.matmul(grad, weight)
+        if ctx.sequence_parallel:
+            grad_input = reduce_scatter_first_dim(grad_input, ctx.group)
+        else:
+            grad_input = all_reduce(grad_input, ctx.group)
+        grad2d = grad.reshape(-1, grad.shape[-1])
+        grad_weight = grad2d.t().matmul(total.reshape(-1, total.shape[-1]))
+        grad_bias = grad2d.sum(0) if ctx.has_bias else None
+        return grad_input, grad_weight, grad_bias, None, None
+
+
+def column_parallel_matmul(x, weight, bias, group, sequence_parallel: bool):
+    return _LinearWithCommunication.apply(x, weight, bias, group, sequence_parallel)
+
+
+# ---------------------------------------------------------------- initialisation and layers
+
+
+def init_shard(param: nn.Parameter, name: str, full_shape: tuple[int, ...], partition_dim: int | None,
+               tp_rank: int, tp_size: int, seed: int, kind: str) -> None:
+    """Fill ``param`` with this rank's slice of a full tensor drawn from a seed of (seed, name).
+
+    Every layout draws the same full tensor, so TP/PP/DP runs start from the single-process
+    weights exactly (Megatron's CPU initialisation does the same).
+    """
+    if kind == "zeros":
+        full = torch.zeros(full_shape)
+    elif kind == "ones":
+        full = torch.ones(full_shape)
+    else:
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        full = torch.randn(full_shape, generator=gen) * 0.02
+    if partition_dim is not None:
+        full = full.chunk(tp_size, dim=partition_dim)[tp_rank]
+    with torch.no_grad():
+        param.copy_(full)
+    param.global_name = name  # the same in every layout, for comparing gradients across layouts
+    param.partition_dim = partition_dim
+
+
+class ColumnParallelLinear(nn.Module):
+    """Y = XA + b with A parallelized along its second dimension as A = [A_1, ..., A_p].
+
+    Rank i holds A_i (stored transposed, ``[out/p, in]``) and b_i and computes Y_i = X A_i + b_i;
+    the output stays split along its last dimension for the following RowParallelLinear. Under
+    sequence parallelism X arrives as a sequence shard and is all-gathered first.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, groups: ParallelGroups,
+                 sequence_parallel: bool, name: str, seed: int, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        t = groups.tp_size
+        self.group, self.sequence_parallel = groups.tp, sequence_parallel
+        self.weight = nn.Parameter(torch.empty(out_features // t, in_features, dtype=dtype, device=device))
+        init_shard(self.weight, f"{name}.weight", (out_features, in_features), 0, groups.tp_rank, t, seed, "normal")
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features // t, dtype=dtype, device=device))
+            init_shard(self.bias, f"{name}.bias", (out_features,), 0, groups.tp_rank, t, seed, "zeros")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return column_parallel_matmul(x, self.weight, self.bias, self.group, self.sequence_parallel)
+
+
+class RowParallelLinear(nn.Module):
+    """Y = XA + b with A parallelized along its first dimension and X along its second:
+
+    A = [A_1; ...; A_p], X = [X_1, ..., X_p], Y = sum_i X_i A_i + b. Each rank's partial product
+    is all-reduced, or under sequence parallelism reduce-scattered into sequence shards; the
+    bias is added after the reduction (it is replicated, and a sequence-parallel parameter).
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, groups: ParallelGroups,
+                 sequence_parallel: bool, name: str, seed: int, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        t = groups.tp_size
+        self.group, self.sequence_parallel = groups.tp, sequence_parallel
+        self.weight = nn.Parameter(torch.empty(out_features, in_features // t, dtype=dtype, device=device))
+        init_shard(self.weight, f"{name}.weight", (out_features, in_features), 1, groups.tp_rank, t, seed, "normal")
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device))
+            init_shard(self.bias, f"{name}.bias", (out_features,), None, groups.tp_rank, t, seed, "zeros")
+            self.bias.sequence_parallel = sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        partial = F.linear(x, self.weight)
+        if self.sequence_parallel:
+            out = reduce_scatter_to_sequence_parallel_region(partial, self.group)
+        else:
+            out = reduce_from_tensor_parallel_region(partial, self.group)
+        return out + self.bias if self.bias is not None else out
+
+
+class VocabParallelEmbedding(nn.Module):
+    """The word embedding split along the vocabulary: rank i holds rows [i v/p, (i+1) v/p).
+
+    Tokens outside a rank's range look up zeros, so the sum over ranks (all-reduce, or
+    reduce-scatter under sequence parallelism) is the full lookup.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, *, groups: ParallelGroups, name: str, seed: int,
+                 dtype: torch.dtype, device) -> None:
+        super().__init__()
+        t = groups.tp_size
+        self.per_rank = vocab_size // t
+        self.vocab_start = groups.tp_rank * self.per_rank
+        self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size, dtype=dtype, device=device))
+        init_shard(self.weight, f"{name}.weight", (vocab_size, hidden_size), 0, groups.tp_rank, t, seed, "normal")
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (s, b) -> partial embeddings (s, b, h), zero rows for other ranks' tokens."""
+        outside = (tokens < self.vocab_start) | (tokens >= self.vocab_start + self.per_rank)
+        local = (tokens - self.vocab_start).masked_fill(outside, 0)
+        return F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Cross-entropy over logits split along the vocabulary (Megatron's, in fp32).
+
+    Three all-reduces of one number per token (max, sum of exponentials, target logit) replace
+    gathering the s x b x v logits.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, target, group, vocab_start):
+        logits = logits.float()
+        logits_max = logits.max(dim=-1).values
+        all_reduce_max(logits_max, group)
+        shifted = logits - logits_max.unsqueeze(-1)
+        per_rank = shifted.shape[-1]
+        outside = (target < vocab_start) | (target >= vocab_start + per_rank)
+        local = (target - vocab_start).masked_fill(outside, 0)
+        predicted = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        all_reduce(predicted, group)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)
+        all_reduce(sum_exp, group)
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local, outside)
+        return torch.log(sum_exp) - predicted
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, local, outside = ctx.saved_tensors
+        grad_input = softmax.clone()
+        hit = (~outside).to(grad_input.dtype)
+        grad_input.scatter_add_(-1, local.unsqueeze(-1), -hit.unsqueeze(-1))
+        return grad_input * grad.unsqueeze(-1), None, None, None
+
+
+def all_reduce_max(x: torch.Tensor, group) -> torch.Tensor:
+    if _size(group) > 1:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=group)
+    return x
+
+
+def vocab_parallel_cross_entropy(logits, target, group, vocab_start: int) -> torch.Tensor:
+    """Per-token loss (s, b) from local logits (s, b, v/p)."""
+    return _VocabParallelCrossEntropy.apply(logits, target, group, vocab_start)
+
+
+def attention_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)

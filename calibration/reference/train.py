@@ -1,0 +1,257 @@
+"""The reference training loop: ``torchrun --nproc-per-node TPxPPxDP calibration/reference/train.py --job JSON``.
+
+``simulator reference`` starts it for you. Each rank builds its model chunks, plays the
+simulator's pipeline schedule over synthetic tokens, reduces gradients (sequence-parallel
+parameters over TP, the tied embedding over the first and last stage, everything over DP) and
+steps Adam. Rank 0 writes the run record at the end, so a run that crashes leaves none.
+
+fp32 on CPU (gloo); bf16 or fp16 on CUDA (NCCL) with fp32 master weights and Adam state, as
+Megatron keeps them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script by torchrun: make the checkout importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch
+import torch.distributed as dist
+
+from calibration.reference.meter import Clock, LayerProbe
+from calibration.reference.launch import check_supported
+from calibration.reference.model import GPTChunk, chunk_layer_ids, recomputed_layer, schedule_kind
+from calibration.reference.parallel import ParallelGroups, all_reduce, build_groups
+from calibration.reference.pipeline import run_schedule
+from simulator.errors import SimulatorError
+from simulator.plan import Job, Precision
+from simulator.run_record import LayerRecord, RunRecord, write_run_record
+from simulator.schedules import build_schedule
+
+DTYPES = {Precision.fp32: torch.float32, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
+
+
+def synthetic_batch(job: Job, iteration: int, seed: int) -> torch.Tensor:
+    """The global batch of one iteration, (B, s + 1) token ids, the same on every rank."""
+    gen = torch.Generator().manual_seed(seed * 7919 + iteration)
+    shape = (job.plan.global_batch_size, job.model.seq_length + 1)
+    return torch.randint(0, job.model.vocab_size, shape, generator=gen)
+
+
+class MixedPrecisionAdam:
+    """Adam on fp32 master copies of low-precision weights (plain Adam when the model is fp32)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], lr: float) -> None:
+        self.params = params
+        self.fp32 = all(p.dtype == torch.float32 for p in params)
+        self.master = params if self.fp32 else [p.detach().float().clone().requires_grad_(True) for p in params]
+        self.adam = torch.optim.Adam(self.master, lr=lr)
+
+    def step(self) -> None:
+        if not self.fp32:
+            for p, m in zip(self.params, self.master):
+                m.grad = p.grad.float()
+        self.adam.step()
+        if not self.fp32:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.master):
+                    p.copy_(m)
+                    m.grad = None
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+def finish_gradients(chunks: list[GPTChunk], groups: ParallelGroups) -> None:
+    """The reductions after the last backward; each is a sum, so their order does not matter."""
+    params = [p for c in chunks for p in c.parameters()]
+    for p in params:
+        if getattr(p, "sequence_parallel", False):  # each TP rank saw only its sequence shard
+            all_reduce(p.grad, groups.tp)
+    if groups.embedding is not None:
+        for c in chunks:
+            word = c.embedding.word.weight if c.embedding is not None else (c.output_word.weight if c.post_process else None)
+            if word is not None:
+                all_reduce(word.grad, groups.embedding)
+    if groups.dp_size > 1:
+        for p in params:
+            all_reduce(p.grad, groups.dp).div_(groups.dp_size)
+
+
+def dump_gradients(chunks: list[GPTChunk], groups: ParallelGroups, directory: Path) -> None:
+    """Each rank's gradient shards by global name, for tests that reassemble and compare them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    grads = {p.global_name: (p.grad.detach().float().cpu(), p.partition_dim) for c in chunks for p in c.parameters()}
+    torch.save({"tp_rank": groups.tp_rank, "tp_size": groups.tp_size, "dp_rank": groups.dp_rank, "grads": grads},
+               directory / f"rank{groups.rank}.pt")
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"cpu ({torch.get_num_threads()} threads per rank)"
+
+
+def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
+          dump_dir: Path | None = None) -> RunRecord | None:
+    """Run ``iterations`` steps; rank 0 returns the record, the other ranks None."""
+    plan, model = job.plan, job.model
+    p, v, t = plan.pipeline_parallel_size, plan.virtual_pipeline_stages, plan.tensor_parallel_size
+    groups = build_groups(t, p, plan.data_parallel_size)
+    dtype = DTYPES[plan.precision]
+    # TP ranks share a seed: dropouts on replicated activations must agree across them
+    torch.manual_seed(seed + 100 * groups.pp_rank)
+    layer_ids = chunk_layer_ids(job)
+    chunks = [
+        GPTChunk(job=job, groups=groups, layer_ids=layer_ids[(groups.pp_rank, c)],
+                 pre_process=groups.pp_rank == 0 and c == 0, post_process=groups.pp_rank == p - 1 and c == v - 1,
+                 seed=seed, dtype=dtype, device=device)
+        for c in range(v)
+    ]
+    optimizer = MixedPrecisionAdam([q for c in chunks for q in c.parameters()], lr)
+    m = plan.num_micro_batches
+    schedule = build_schedule(p, m, v, schedule_kind(plan))
+    s_local = model.seq_length // t if plan.sequence_parallel else model.seq_length
+    activation_shape = (s_local, plan.micro_batch_size, model.hidden_size)
+    probe = LayerProbe(Clock(device))
+    measures = groups.tp_rank == 0 and groups.dp_rank == 0
+    warmup = 1 if iterations > 1 else 0
+    times, losses = [], []
+    per_replica = plan.global_batch_size // plan.data_parallel_size
+    for it in range(iterations):
+        batch = synthetic_batch(job, it, seed)[groups.dp_rank * per_replica:(groups.dp_rank + 1) * per_replica]
+        batch = batch.to(device)
+        b = plan.micro_batch_size
+
+        def micro_batch(i: int, batch=batch) -> tuple[torch.Tensor, torch.Tensor]:
+            rows = batch[i * b:(i + 1) * b]
+            return rows[:, :-1], rows[:, 1:]
+
+        probe.timing = measures and it >= warmup
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+        start = time.perf_counter()
+        loss = run_schedule(chunks=chunks, schedule=schedule, groups=groups, micro_batch=micro_batch,
+                            num_micro_batches=m, activation_shape=activation_shape, dtype=dtype, device=device,
+                            probe=probe if measures else None, measure_first_micro_batch=it == 0)
+        finish_gradients(chunks, groups)
+        if dump_dir is not None and it == iterations - 1:
+            dump_gradients(chunks, groups, dump_dir)
+        optimizer.step()
+        optimizer.zero_grad()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        is_loss_rank = groups.pp_rank == p - 1 and groups.tp_rank == 0
+        total = (loss.double() if is_loss_rank else torch.zeros((), dtype=torch.float64, device=device)).reshape(1)
+        dist.all_reduce(total)
+        times.append(elapsed.item())
+        losses.append(total.item() / plan.data_parallel_size)
+        if measures:
+            probe.resolve()
+    return _record(job, groups, probe if measures else None, device, seed, warmup, times, losses)
+
+
+def _record(job: Job, groups: ParallelGroups, probe: LayerProbe | None, device: torch.device, seed: int,
+            warmup: int, times: list[float], losses: list[float]) -> RunRecord | None:
+    mine = {"stage": groups.pp_rank, "layers": probe.summary() if probe is not None else {}}
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (mine, peak))
+    if groups.rank != 0:
+        return None
+    where = {i: (s, c) for (s, c), ids in chunk_layer_ids(job).items() for i in ids}
+    position = {i: ids.index(i) for ids in chunk_layer_ids(job).values() for i in ids}
+    layers = []
+    for entry, _ in gathered:
+        for index, measured in entry["layers"].items():
+            stage, chunk = where[index]
+            layers.append(LayerRecord(index=index, stage=stage, chunk=chunk,
+                                      recompute_granularity=recomputed_layer(job.plan, position[index]), **measured))
+    peaks = None
+    if device.type == "cuda":
+        p = job.plan.pipeline_parallel_size
+        per_rank = [peak for _, peak in gathered]
+        stage_of = [r // (job.plan.tensor_parallel_size * job.plan.data_parallel_size) for r in range(len(per_rank))]
+        peaks = [max(x for x, s in zip(per_rank, stage_of) if s == stage) for stage in range(p)]
+    return RunRecord(
+        model=job.model, plan=job.plan, cluster=job.cluster.name, device=describe_device(device),
+        world_size=dist.get_world_size(), torch_version=torch.__version__, seed=seed, warmup_iterations=warmup,
+        iteration_times_s=times, losses=losses, layers=sorted(layers, key=lambda r: r.index),
+        peak_allocated_bytes_per_stage=peaks,
+    )
+
+
+def _jobs(args: argparse.Namespace) -> list[dict]:
+    """One job from --job, or several from --batch (a JSON list of {job, out, iterations, dump_gradients})."""
+    if args.batch is not None:
+        entries = json.loads(args.batch.read_text())
+    else:
+        entries = [{"job": json.loads(args.job), "out": args.out, "iterations": args.iterations,
+                    "dump_gradients": args.dump_gradients}]
+    for entry in entries:
+        entry["job"] = Job.model_validate(entry["job"])
+        check_supported(entry["job"])
+        entry.setdefault("iterations", args.iterations)
+        if entry["iterations"] < 1:
+            raise SimulatorError(f"iterations={entry['iterations']} must be at least 1")
+    return entries
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--job", help="The Job (model, cluster, plan) as JSON.")
+    source.add_argument("--batch", type=Path,
+                        help="A JSON list of {job, out, iterations, dump_gradients} run one after another in one launch.")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="Where rank 0 writes the run record.")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--dump-gradients", type=Path, help="Directory for each rank's last gradients (tests).")
+    args = parser.parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        entries = _jobs(args)
+        for entry in entries:
+            job = entry["job"]
+            if job.num_gpus != world:
+                raise SimulatorError(
+                    f"Invalid parallel dims: tp({job.plan.tensor_parallel_size}) * pp({job.plan.pipeline_parallel_size})"
+                    f" * dp({job.plan.data_parallel_size}) != world_size({world}); start {job.num_gpus} processes")
+    except (SimulatorError, ValueError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    try:
+        for entry in entries:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            dump = entry.get("dump_gradients")
+            record = train(entry["job"], device, entry["iterations"], args.seed, args.lr,
+                           Path(dump) if dump else None)
+            if record is not None and entry.get("out"):
+                write_run_record(record, entry["out"])
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""``simulator reference``: run the reference training loop on this machine and write its run record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from simulator.cli.options import job_from_options, plan_options
+from simulator.plan import Precision
+
+CPU_CLUSTER = "local-cpu"
+
+
+@click.command("reference")
+@plan_options
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cpu: gloo, fp32, one process per rank; cuda: NCCL, one GPU per rank.")
+@click.option("--iterations", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Training iterations; the first is a warm-up left out of the layer times.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("reference-run.json"),
+              show_default=True, help="Where to write the run record (JSON).")
+@click.option("--seed", type=int, default=1234, show_default=True, help="Seed of the weights, data and dropout.")
+def reference(device: str, iterations: int, out: Path, seed: int, **options: Any) -> None:
+    """Train the model with the plan for a few iterations under torchrun (TP x PP x DP processes)."""
+    from calibration.reference.launch import check_supported, run_reference
+
+    ctx = click.get_current_context()
+    if device == "cpu":
+        # CPU runs are fp32 on the local-cpu cluster unless the user said otherwise
+        if ctx.get_parameter_source("cluster") is ParameterSource.DEFAULT:
+            options["cluster"] = CPU_CLUSTER
+        if ctx.get_parameter_source("precision") is ParameterSource.DEFAULT:
+            options["precision"] = Precision.fp32.value
+    job = job_from_options(**options)
+    check_supported(job)
+    record = run_reference(job, device=device, iterations=iterations, out=out, seed=seed)
+    if options["as_json"]:
+        click.echo(record.model_dump_json(indent=2))
+        return
+    click.echo(f"{job.model.name}: {job.num_gpus} processes on {record.device}, {len(record.losses)} iterations")
+    click.echo(f"losses: {', '.join(f'{x:.4f}' for x in record.losses)}")
+    click.echo(f"iteration time: {mean(record.timed_iteration_times_s):.4f} s "
+               f"(mean after {record.warmup_iterations} warm-up)")
+    click.echo(f"activation bytes per layer: {record.layers[0].activation_bytes}")
+    click.echo(f"run record: {out}")

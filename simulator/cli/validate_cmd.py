@@ -1,0 +1,60 @@
+"""``simulator validate RUN.json``: the simulator's predictions against a reference run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from simulator.run_record import load_run_record
+from simulator.validate import Comparison, Validation, validate
+
+
+def _value(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    if unit == "s":
+        return f"{x * 1e3:.3f} ms"
+    if unit == "B":
+        return f"{x:,.0f} B"
+    return f"{x:.4g}"
+
+
+def _error(c: Comparison) -> str:
+    return "-" if c.relative_error is None else f"{c.relative_error:+.1%}"
+
+
+def render(v: Validation) -> str:
+    rows = [("quantity", "predicted", "measured", "error")]
+
+    def add(name: str, c: Comparison, unit: str) -> None:
+        rows.append((name, _value(c.predicted, unit), _value(c.measured, unit), _error(c)))
+
+    add("iteration time", v.iteration_time_s, "s")
+    add("activation bytes per layer (mean)", v.activation_bytes_per_layer, "B")
+    for layer in v.layers:
+        tag = f"layer {layer.index} (stage {layer.stage}, {layer.recompute_granularity.value})"
+        add(f"{tag} forward", layer.forward_s, "s")
+        add(f"{tag} backward", layer.backward_s, "s")
+        if layer.recompute_granularity.value != "none":
+            add(f"{tag} recompute", layer.recompute_s, "s")
+        add(f"{tag} activations", layer.activation_bytes, "B")
+    for stage, c in enumerate(v.peak_memory_bytes_per_stage or []):
+        add(f"stage {stage} peak allocated memory", c, "B")
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [r[0].ljust(widths[0]) + "  " + "  ".join(x.rjust(w) for x, w in zip(r[1:], widths[1:])) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join([f"{v.run} ({v.device})"] + lines + [f"note: {n}" for n in v.notes])
+
+
+@click.command("validate")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--profile", "profile", default=None, metavar="FILE",
+              help="Hardware profile for the time predictions (default: the cluster's).")
+@click.option("--memory-only", is_flag=True, default=False, help="Compare memory only; do not run the engine.")
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print machine-readable JSON to stdout.")
+def validate_cmd(run: Path, profile: str | None, memory_only: bool, as_json: bool, **_: Any) -> None:
+    """Predicted vs measured for a run record of 'simulator reference', with relative errors."""
+    result = validate(load_run_record(run), profile, run=str(run), predict_times=not memory_only)
+    click.echo(result.model_dump_json(indent=2) if as_json else render(result))

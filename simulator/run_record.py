@@ -1,0 +1,114 @@
+"""``RunRecord``: what one run of the reference training loop measured, as the simulator reads it.
+
+The loop (``calibration/reference/train.py``) writes it; ``simulator validate`` compares it with
+the predictions for the same model and plan. No torch here: the simulator reads records on
+machines without it. A record is written only when the run finishes (to a temporary file renamed
+into place), so a crashed run leaves none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from simulator._io import validation_message
+from simulator.errors import RunRecordError
+from simulator.model import ModelSpec
+from simulator.plan import ParallelPlan, RecomputeGranularity
+
+FORMAT_VERSION = 1
+
+
+class LayerRecord(BaseModel):
+    """One transformer layer, one micro-batch, measured on its stage's TP rank 0 / DP rank 0."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int = Field(ge=0, description="Global layer index.")
+    stage: int = Field(ge=0, description="Pipeline stage that holds the layer.")
+    chunk: int = Field(ge=0, description="Model chunk on that stage (interleaved schedule).")
+    recompute_granularity: RecomputeGranularity = Field(
+        description="What applied to this layer (block recompute leaves the later layers of a chunk at 'none')."
+    )
+    forward_s: float | None = Field(None, ge=0, description="Mean forward time per micro-batch, s.")
+    backward_s: float | None = Field(None, description="Mean backward time without the recompute, s.")
+    recompute_s: float | None = Field(None, ge=0, description="Mean time replaying recomputed ops in backward, s.")
+    activation_bytes: int = Field(ge=0, description="Bytes saved for backward, storages counted once, no parameters.")
+    norm_statistics_bytes: int = Field(
+        ge=0, description="LayerNorm's fp32 mean and 1/std per token, which the memory model leaves out."
+    )
+
+
+class RunRecord(BaseModel):
+    """One reference run: the job in the simulator's own spec format and what it measured."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format_version: int = Field(FORMAT_VERSION, description="Bumped when fields change meaning.")
+    model: ModelSpec
+    plan: ParallelPlan
+    cluster: str = Field(description="Cluster spec the predictions use (local-cpu for CPU runs).")
+    device: str = Field(description="What ran it, e.g. 'cpu (16 threads)' or 'cuda: NVIDIA H100 80GB HBM3'.")
+    world_size: int = Field(gt=0)
+    torch_version: str
+    seed: int = 0
+    warmup_iterations: int = Field(0, ge=0, description="Leading iterations left out of the layer times.")
+    iteration_times_s: list[float] = Field(description="Wall time of each iteration, slowest rank, s.")
+    losses: list[float] = Field(description="Mean training loss of each iteration over the global batch.")
+    layers: list[LayerRecord]
+    peak_allocated_bytes_per_stage: list[int] | None = Field(
+        None, description="torch.cuda.max_memory_allocated, largest over a stage's ranks (null on CPU)."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunRecord":
+        if self.format_version != FORMAT_VERSION:
+            raise ValueError(f"format_version={self.format_version} is not {FORMAT_VERSION}; rerun the reference loop")
+        if self.world_size != self.plan.num_gpus:
+            raise ValueError(f"world_size={self.world_size} differs from the plan's {self.plan.num_gpus} GPUs")
+        if not self.iteration_times_s or len(self.losses) != len(self.iteration_times_s):
+            raise ValueError(
+                f"{len(self.iteration_times_s)} iteration times and {len(self.losses)} losses; "
+                "a finished run has one of each per iteration"
+            )
+        if sorted(layer.index for layer in self.layers) != list(range(self.model.num_layers)):
+            raise ValueError(f"layers must list each of the {self.model.num_layers} layers once")
+        return self
+
+    @property
+    def timed_iteration_times_s(self) -> list[float]:
+        """Iteration times after the warm-up (all of them if there was nothing else)."""
+        return self.iteration_times_s[self.warmup_iterations:] or self.iteration_times_s
+
+
+def load_run_record(path: str | Path) -> RunRecord:
+    """Read and check a record; every failure is one RunRecordError sentence."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RunRecordError(
+            f"cannot read run record {str(path)!r}: {exc.strerror}; run 'simulator reference --out {path}' first"
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RunRecordError(f"run record {str(path)!r} is not valid JSON ({exc.msg}); rerun the reference loop") from None
+    if not isinstance(data, dict):
+        raise RunRecordError(f"run record {str(path)!r} must hold a JSON object, not {type(data).__name__}")
+    try:
+        return RunRecord.model_validate(data)
+    except ValidationError as exc:
+        raise RunRecordError(f"run record {str(path)!r} is malformed: {validation_message(exc, 'run record')}") from None
+
+
+def write_run_record(record: RunRecord, path: str | Path) -> None:
+    """Write atomically: a reader never sees half a record."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(record.model_dump_json(indent=2) + "\n")
+    os.replace(tmp, path)
