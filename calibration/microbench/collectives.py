@@ -1,0 +1,160 @@
+"""Collective timings through torch.distributed: all-reduce, all-gather, reduce-scatter, send/recv.
+
+Several processes on one machine (torch.multiprocessing, spawn): NCCL with one GPU per rank, gloo
+on the CPU. Sizes are the full buffer, as ``simulator.layers.CollectiveOp`` counts them (all-reduce
+size, all-gather output, reduce-scatter input; send/recv what each rank sends). Bus bandwidth
+follows nccl-tests (PERFORMANCE.md): all-reduce algbw x 2(n-1)/n, all-gather and reduce-scatter
+algbw x (n-1)/n, send/recv algbw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+
+
+def bus_factor(kind: str, n: int) -> float:
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+def collective_sizes(quick: bool, device: str) -> list[int]:
+    """Buffer sizes in bytes, from latency-bound to bandwidth-bound."""
+    if device == "cpu":
+        exps = [12, 16, 20, 23] if quick else [10, 12, 14, 16, 18, 20, 22, 24]
+    else:
+        exps = [12, 16, 20, 24, 28] if quick else [10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30]
+    return [2**e for e in exps]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _op(kind: str, n: int, rank: int, numel: int, dtype: torch.dtype, device: torch.device):
+    """A closure running one collective on preallocated random buffers."""
+    gen = torch.Generator(device=device).manual_seed(rank + 7)
+    full = torch.randn(numel, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    shard = torch.empty(numel // n, dtype=dtype, device=device)
+    if kind == "all_reduce":
+        return lambda: dist.all_reduce(full)
+    if kind == "all_gather":
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        src = full[: numel // n].clone()
+        return lambda: gather(full, src)
+    if kind == "reduce_scatter":
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: scatter(shard, full)
+    if kind == "send_recv":
+        recv = torch.empty_like(full)
+        # a ring like nccl-tests' sendrecv: every rank sends to the next and receives from the previous
+        ops = [dist.P2POp(dist.isend, full, (rank + 1) % n), dist.P2POp(dist.irecv, recv, (rank - 1) % n)]
+        return lambda: [w.wait() for w in dist.batch_isend_irecv(ops)]
+    raise ValueError(f"unknown collective {kind!r}; use one of {', '.join(KINDS)}")
+
+
+def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[str], sizes: list[int],
+            dtype_name: str, warmup: int, repeats: int, deadline: float) -> None:
+    torch.set_num_threads(1)  # the ranks share the machine's cores
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=n)
+    dtype = getattr(torch, dtype_name)
+    esize = torch.empty((), dtype=dtype).element_size()
+    flag = torch.zeros(1, device=device)
+    sync_buf = torch.zeros(1, device=device)
+
+    def sync() -> None:
+        dist.all_reduce(sync_buf)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    points, skipped = [], []
+    floor_s, best_bw = 0.0, 0.0  # time ~ floor + bytes / bandwidth, rank 0's estimate
+    for kind in kinds:
+        for nbytes in sizes:
+            numel = max(n, nbytes // esize // n * n)
+            # rank 0 decides whether the point fits the budget, so that every rank agrees
+            if rank == 0:
+                per_rep = floor_s + (numel * esize / best_bw if best_bw else 0.0)
+                flag.fill_(1.0 if time.time() + 0.2 + 2 * (warmup + repeats) * per_rep < deadline else 0.0)
+            dist.broadcast(flag, 0)
+            if flag.item() == 0.0:
+                skipped.append(f"{kind} {numel * esize} bytes")
+                continue
+            run = _op(kind, n, rank, numel, dtype, device)
+            for _ in range(warmup):
+                run()
+            samples = torch.zeros(repeats, dtype=torch.float64, device=device)
+            for i in range(repeats):
+                sync()
+                t0 = time.perf_counter()
+                run()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                samples[i] = time.perf_counter() - t0
+            # a collective is as slow as its slowest rank
+            dist.all_reduce(samples, op=dist.ReduceOp.MAX)
+            t = statistics.median(samples.tolist())
+            size = numel * esize
+            algbw = size / t / 1e9
+            points.append({"kind": kind, "bytes": size, "group_size": n, "backend": backend,
+                           "dtype": dtype_name, "time_s": t, "algbw_gbps": algbw,
+                           "busbw_gbps": algbw * bus_factor(kind, n), "repeats": repeats})
+            if rank == 0:
+                floor_s = t if not floor_s else min(floor_s, t)
+                best_bw = max(best_bw, size / t)
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(json.dumps({"points": points, "skipped": skipped}))
+
+
+def run_collectives(*, backend: str, world_size: int, sizes: list[int], dtype: torch.dtype, warmup: int,
+                    repeats: int, budget_s: float, kinds: tuple[str, ...] = KINDS) -> dict:
+    """Spawn ``world_size`` ranks, time every (kind, size) that fits ``budget_s``; returns points and skips.
+
+    The ranks are killed if they outlive the budget by more than a grace period (a hung NCCL
+    communicator must not eat the rest of a calibration session).
+    """
+    if world_size < 2:
+        raise ValueError(f"world_size={world_size}: collectives need at least 2 ranks")
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "collectives.json")
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        deadline = time.time() + budget_s
+        ctx = mp.start_processes(
+            _worker, nprocs=world_size, join=False, start_method="spawn",
+            args=(world_size, backend, init, out, list(kinds), sizes, str(dtype).removeprefix("torch."),
+                  warmup, repeats, deadline),
+        )
+        grace_s = 30.0
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() - start > budget_s + grace_s:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.terminate()
+                raise TimeoutError(f"{backend} collectives still running {budget_s + grace_s:.0f} s after start; ranks killed")
+        result = json.loads(Path(out).read_text())
+    result["elapsed_s"] = time.monotonic() - start
+    return result

@@ -1,0 +1,368 @@
+"""``calibrate``: measure this machine (or read raw points), fit a ``HardwareProfile``, report the errors.
+
+The measuring runs in a separate process (``python -m calibration.measure``), so torch and its
+worker processes never load into the planner; the fit uses ``simulator.fitting``, the same forms the
+cost models evaluate. A few GEMM shapes are held out of the fit and predicted, which is the honest
+test of the GEMM model: residuals on fitted points only say the form can bend that far.
+
+What one machine cannot measure is taken from the published profile of the same GPU, and its
+``sources`` entry says so: collectives on a single GPU (NCCL needs one GPU per rank), and the
+slowdown of compute beside NCCL kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from calibration.microbench import RAW_FORMAT, RAW_VERSION
+from simulator.costs.gemm import gemm_time_s
+from simulator.errors import ConfigError, ProfileError
+from simulator.fitting import DTYPE_BYTES, Fit, fit_attention, fit_collective, fit_elementwise, fit_gemm
+from simulator.hardware import GpuSpec, load_gpu
+from simulator.profile import (
+    SCHEMA_VERSION, AttentionParams, CollectiveParams, DeviceInfo, ElementwiseParams, FitRecord, GemmParams,
+    HardwareProfile, LinkParams, default_profile, save_profile,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+_REQUIRED = {
+    "gemm": ("m", "n", "k", "batch", "dtype", "time_s"),
+    "attention": ("impl", "pass", "batch_heads", "seq", "head_dim", "causal", "dtype", "time_s"),
+    "elementwise": ("kernel", "bytes_moved", "time_s"),
+    "collectives": ("kind", "bytes", "group_size", "time_s"),
+}
+
+
+@dataclass(frozen=True)
+class HeldOutGemm:
+    m: int
+    n: int
+    k: int
+    batch: int
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured."""
+        return self.predicted_s / self.measured_s - 1.0
+
+
+@dataclass(frozen=True)
+class BlockError:
+    """How well one fitted block matches its points: relative residuals."""
+
+    block: str
+    points: int
+    rms: float
+    max_abs: float
+
+
+@dataclass
+class CalibrationResult:
+    profile: HardwareProfile
+    fit_errors: list[BlockError]
+    held_out: list[HeldOutGemm]
+    notes: list[str] = field(default_factory=list)
+
+    def held_out_rms(self) -> float:
+        return float(np.sqrt(np.mean([h.error**2 for h in self.held_out]))) if self.held_out else float("nan")
+
+    def to_dict(self) -> dict:
+        return {
+            "profile": self.profile.name,
+            "fit_errors": [vars(e) for e in self.fit_errors],
+            "held_out_gemms": [{**vars(h), "error": h.error} for h in self.held_out],
+            "held_out_rms_error": self.held_out_rms() if self.held_out else None,
+            "notes": self.notes,
+        }
+
+
+# --- raw points ---------------------------------------------------------------------------------
+
+def read_raw(path: str | Path) -> dict:
+    """Load and check a raw points file from ``calibration.measure``; every defect is one ProfileError."""
+    path = Path(path)
+    where = repr(str(path))
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"cannot read raw points {where}: {exc.strerror}; check the path") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"raw points {where} are not valid JSON ({exc}); measure again with "
+                           "`python -m calibration.measure`") from None
+    if not isinstance(data, dict) or data.get("format") != RAW_FORMAT:
+        raise ProfileError(f"{where} is not a raw points file (its 'format' is not {RAW_FORMAT!r}); "
+                           "pass the --out file of `python -m calibration.measure`")
+    if data.get("version") != RAW_VERSION:
+        raise ProfileError(f"raw points {where} have version {data.get('version')!r}, this simulator reads "
+                           f"version {RAW_VERSION}; measure again with this version")
+    device = data.get("device")
+    if not isinstance(device, dict) or device.get("kind") not in ("cuda", "cpu"):
+        raise ProfileError(f"raw points {where} have no device description with kind 'cuda' or 'cpu'; measure again")
+    for section, keys in _REQUIRED.items():
+        rows = data.get(section, [])
+        if not isinstance(rows, list):
+            raise ProfileError(f"raw points {where}: {section!r} must be a list of points; measure again")
+        for i, row in enumerate(rows):
+            missing = [k for k in keys if not isinstance(row, dict) or k not in row]
+            if missing:
+                raise ProfileError(f"raw points {where}: {section} point {i} lacks {missing}; measure again")
+            t = row["time_s"]
+            if not isinstance(t, (int, float)) or not np.isfinite(t) or t <= 0:
+                raise ProfileError(f"raw points {where}: {section} point {i} has time_s={t!r}; times must be "
+                                   "positive numbers, measure again")
+    for section in ("gemm", "elementwise"):
+        if not data.get(section):
+            raise ProfileError(f"raw points {where} hold no {section} points, which every profile needs; "
+                               f"measure again with the {section} section")
+    return data
+
+
+def measure(device: str, raw_out: Path, *, quick: bool = False, budget_s: float | None = None,
+            layer_args: list[str] = (), timeout_s: float | None = None) -> dict:
+    """Run ``python -m calibration.measure`` in a child process and return its checked raw points."""
+    cmd = [sys.executable, "-m", "calibration.measure", "--device", device, "--out", str(raw_out), *layer_args]
+    if quick:
+        cmd.append("--quick")
+    if budget_s is not None:
+        cmd += ["--budget-s", str(budget_s)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    if not raw_out.is_file():
+        tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+        raise ProfileError(f"measuring on {device} failed (exit {proc.returncode}) before writing points: {tail}")
+    return read_raw(raw_out)
+
+
+# --- fitting ------------------------------------------------------------------------------------
+
+def gpu_for_device(device: dict) -> GpuSpec:
+    """The GpuSpec a measured device stands for: the CPU spec, or the A100/H100/H200 by name and memory."""
+    if device["kind"] == "cpu":
+        return load_gpu("cpu")
+    name = str(device.get("name", "")).upper()
+    gib = float(device.get("memory_bytes") or 0) / 2**30
+    for tag, spec in (("H200", "h200-sxm-141gb"), ("H100", "h100-sxm5-80gb")):
+        if tag in name:
+            return load_gpu(spec)
+    if "A100" in name:
+        return load_gpu("a100-sxm4-80gb" if gib > 48 else "a100-sxm4-40gb")
+    raise ProfileError(f"no GPU spec matches the measured device {device.get('name')!r}; pass --gpu with a GPU "
+                       "name or a YAML spec file of hardware_specs/gpus/ form")
+
+
+def _dtype(raw_name: str) -> str:
+    short = TORCH_DTYPES.get(raw_name, raw_name)
+    if short not in DTYPE_BYTES:
+        raise ProfileError(f"raw points use dtype {raw_name!r}; use one of {', '.join(TORCH_DTYPES)}")
+    return short
+
+
+def _peak_flops(gpu: GpuSpec, dtype: str) -> float:
+    value = getattr(gpu.peak_tflops, dtype, None)
+    if value is None:
+        raise ProfileError(f"GPU spec {gpu.name!r} has no {dtype} peak; measure in another dtype")
+    return value * 1e12
+
+
+def _error(block: str, residuals) -> BlockError:
+    r = np.asarray(residuals, dtype=float)
+    return BlockError(block, int(r.size), float(np.sqrt(np.mean(r**2))), float(np.max(np.abs(r))))
+
+
+def _fit_gemm(raw: dict, gpu: GpuSpec, cpu: bool) -> tuple[GemmParams, BlockError, list[HeldOutGemm]]:
+    rows = raw["gemm"]
+    dtypes = {_dtype(r["dtype"]) for r in rows}
+    if len(dtypes) != 1:
+        raise ProfileError(f"GEMM points mix dtypes {sorted(dtypes)}; measure one dtype per profile")
+    dtype = dtypes.pop()
+    peak = _peak_flops(gpu, dtype)
+    train = [r for r in rows if not r.get("held_out")]
+    test = [r for r in rows if r.get("held_out")]
+    if len(train) < 4:
+        raise ProfileError(f"only {len(train)} GEMM points outside the held-out set; measure more shapes")
+    pts = [(r["m"], r["n"], r["k"], r["batch"], dtype, r["time_s"]) for r in train]
+    # a CPU core runs one tile at a time: no waves to quantise, so the tile size is moot
+    fixed = {"tile_m": 64, "tile_n": 64} if cpu else {}
+    fit = fit_gemm(pts, peak, gpu.sm_count, fixed=fixed, note=f"measured {dtype} torch.mm/bmm, median times")
+    params = {k: v for k, v in fit.params.items()}
+    held = []
+    for r in test:
+        pred = float(gemm_time_s(GemmParams.model_construct(**params, ceiling_efficiency=None), peak, gpu.sm_count,
+                                 r["m"], r["n"], r["k"], r["batch"], DTYPE_BYTES[dtype]))
+        held.append(HeldOutGemm(r["m"], r["n"], r["k"], r["batch"], r["time_s"], pred))
+    fits = [fit.record]
+    if held:
+        fits.append(FitRecord(
+            columns=("m", "n", "k", "batch", "dtype_bytes", "time_s"),
+            points=tuple((h.m, h.n, h.k, h.batch, DTYPE_BYTES[dtype], h.measured_s) for h in held),
+            residuals=tuple(h.error for h in held),
+            note="held out of the fit: residuals are prediction errors (predicted - measured) / measured"))
+    src = f"fitted to {len(train)} measured GEMMs ({raw['device'].get('name')}, {dtype})"
+    sources = {k: src for k in params}
+    if cpu:
+        sources["tile_m"] = sources["tile_n"] = "fixed: a CPU core (sm_count 1) has no waves, the tile size does not matter"
+    block = GemmParams(**params, sources=sources, fits=tuple(fits))
+    return block, _error("gemm", fit.residuals), held
+
+
+def _fit_elementwise(raw: dict, gpu: GpuSpec) -> tuple[ElementwiseParams, list[BlockError]]:
+    rows = raw["elementwise"]
+    fit = fit_elementwise([(r["bytes_moved"], r["time_s"]) for r in rows], gpu.hbm_bandwidth_gbps,
+                          note="kernels: " + ", ".join(sorted({r["kernel"] for r in rows})))
+    src = (f"fitted to {len(rows)} memory-bound kernels ({', '.join(sorted({r['kernel'] for r in rows}))}) against "
+           f"the spec's {gpu.hbm_bandwidth_gbps} GB/s")
+    block = ElementwiseParams(**fit.params, sources={k: src for k in fit.params}, fits=(fit.record,))
+    errors = [_error("elementwise", fit.residuals)]
+    res = np.asarray(fit.residuals)
+    for kernel in sorted({r["kernel"] for r in rows}):
+        mask = np.array([r["kernel"] == kernel for r in rows])
+        errors.append(_error(f"elementwise.{kernel}", res[mask]))
+    return block, errors
+
+
+def _attention_points(rows: list[dict]) -> list[tuple]:
+    return [(r["batch_heads"], r["seq"], r["head_dim"], bool(r["causal"]), r["pass"] == "backward", r["time_s"])
+            for r in rows]
+
+
+def _fit_attention(raw: dict, gpu: GpuSpec, base: HardwareProfile | None) -> tuple[AttentionParams, list[BlockError]]:
+    fused = [r for r in raw.get("attention", []) if r["impl"] == "fused"]
+    if not fused:
+        if base is None:
+            raise ProfileError("raw points hold no fused attention points and there is no published profile to "
+                               "take them from; measure again with the attention section")
+        return base.attention, []
+    peak = _peak_flops(gpu, _dtype(fused[0]["dtype"]))
+    fit = fit_attention(_attention_points(fused), peak, note="torch scaled_dot_product_attention, median times")
+    src = f"fitted to {len(fused)} fused attention timings (torch SDPA, forward and backward)"
+    fits, errors = [fit.record], [_error("attention.fused", fit.residuals)]
+    unfused = [r for r in raw.get("attention", []) if r["impl"] == "unfused"]
+    if unfused:
+        # kept for comparison; the cost model costs unfused attention as its batched GEMMs and softmax
+        extra = fit_attention(_attention_points(unfused), peak,
+                              note="unfused path (matmul, softmax, dropout, matmul): kept for comparison, not used")
+        fits.append(extra.record)
+        errors.append(_error("attention.unfused", extra.residuals))
+    block = AttentionParams(**fit.params, sources={k: src for k in fit.params}, fits=tuple(fits))
+    return block, errors
+
+
+def _p2p(rows: list[dict]) -> tuple[float, float, np.ndarray]:
+    """time = latency + S / bandwidth, least squares in relative error (linear in latency and 1/bandwidth)."""
+    size = np.array([r["bytes"] for r in rows], dtype=float)
+    t = np.array([r["time_s"] for r in rows], dtype=float)
+    (lat, inv_bw), *_ = np.linalg.lstsq(np.stack([1 / t, size / t], axis=1), np.ones_like(t), rcond=None)
+    lat, inv_bw = max(float(lat), 0.0), max(float(inv_bw), 1e-15)
+    return lat, 1 / inv_bw / 1e9, (lat + size * inv_bw) / t - 1.0
+
+
+def _fit_collectives(raw: dict, base: HardwareProfile | None) -> tuple[CollectiveParams, list[BlockError], list[str]]:
+    rows = raw.get("collectives", [])
+    by_kind = {k: [r for r in rows if r["kind"] == k] for k in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")}
+    if len(by_kind["all_reduce"]) < 3 or len(by_kind["send_recv"]) < 2:
+        if base is None:
+            raise ProfileError("raw points hold too few collective points (3 all-reduce, 2 send/recv) and there is no "
+                               "published profile to take them from; measure again with the collectives section")
+        why = raw.get("sections", {}).get("collectives", {}).get("error") or "too few collective points"
+        return base.collectives, [], [f"collectives not measured ({why}): taken from profile {base.name!r}"]
+    n = int(by_kind["all_reduce"][0]["group_size"])
+    backend = by_kind["all_reduce"][0].get("backend", "?")
+    fits, errors = [], []
+    ar = fit_collective([(r["bytes"], r["time_s"]) for r in by_kind["all_reduce"]], n, kind="all_reduce",
+                        note=f"{backend} all-reduce, {n} ranks on one machine")
+    fits.append(ar.record)
+    errors.append(_error("collectives.all_reduce", ar.residuals))
+    for kind in ("all_gather", "reduce_scatter"):
+        if len(by_kind[kind]) >= 3:
+            f = fit_collective([(r["bytes"], r["time_s"]) for r in by_kind[kind]], n, kind=kind,
+                               note=f"{backend} {kind}: kept for comparison, the link parameters are the all-reduce fit's")
+            fits.append(f.record)
+            errors.append(_error(f"collectives.{kind}", f.residuals))
+    lat, bw, res = _p2p(by_kind["send_recv"])
+    errors.append(_error("collectives.send_recv", res))
+    fits.append(FitRecord(columns=("size_bytes", "time_s"),
+                          points=tuple((float(r["bytes"]), float(r["time_s"])) for r in by_kind["send_recv"]),
+                          residuals=tuple(float(x) for x in res), note=f"{backend} send/recv ring, latency + S / bandwidth"))
+    src = f"fitted to {len(by_kind['all_reduce'])} {backend} all-reduce timings over {n} ranks on one machine"
+    p = ar.params
+    link = dict(max_busbw_gbps=p["max_busbw_gbps"], half_size_bytes=p["half_size_bytes"],
+                ramp_exponent=p["ramp_exponent"], p2p_bandwidth_gbps=bw, p2p_latency_s=lat)
+    sources = {k: src for k in ("max_busbw_gbps", "half_size_bytes", "ramp_exponent")}
+    sources.update(p2p_bandwidth_gbps=f"fitted to {backend} send/recv", p2p_latency_s=f"fitted to {backend} send/recv")
+    # every rank of this machine is its own node (one device per node), so the whole latency goes to
+    # the inter-node steps: an all-reduce over 2 nodes takes 2 of them, and the intra-node part is 0
+    steps = 2 * (n - 1) if n > 2 else 2
+    network = LinkParams(latency_s=p["latency_s"] / steps, **link, fits=tuple(fits),
+                         sources={**sources, "latency_s": f"fitted all-reduce latency / {steps} inter-node steps"})
+    nvlink = LinkParams(latency_s=0.0, **link, sources={**sources, "latency_s": "no intra-node peer: 0"})
+    return CollectiveParams(nvlink=nvlink, network=network), errors, []
+
+
+def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = None) -> CalibrationResult:
+    """Fit a measured ``HardwareProfile`` to raw points (from ``read_raw``)."""
+    device = raw["device"]
+    cpu = device["kind"] == "cpu"
+    gpu = gpu or gpu_for_device(device)
+    base = None
+    if not cpu:
+        try:
+            base = default_profile(gpu.name)
+        except ProfileError:
+            base = None
+    gemm, gemm_err, held = _fit_gemm(raw, gpu, cpu)
+    elementwise, elt_err = _fit_elementwise(raw, gpu)
+    attention, att_err = _fit_attention(raw, gpu, base)
+    collectives, coll_err, notes = _fit_collectives(raw, base)
+    if base is not None:
+        overlap, overlap_src = base.overlap_compute_slowdown, f"not measured here; from {base.name!r}: {base.overlap_source}"
+    else:
+        overlap, overlap_src = 0.0, ("not measured: on a CPU, gloo's transfers run on their own threads and the "
+                                     "ranks' compute was timed alone; 0 until a run measures the overlap")
+    skipped = {s: len(i.get("skipped", [])) for s, i in raw.get("sections", {}).items() if i.get("skipped")}
+    if skipped:
+        notes.append(f"points skipped to stay within the time budget: {skipped}")
+    profile = HardwareProfile(
+        schema_version=SCHEMA_VERSION,
+        name=name or f"{gpu.name.lower()}-measured",
+        source="measured",
+        gpu=gpu.name,
+        device=DeviceInfo(**{k: (str(device[k]) if device.get(k) is not None else None)
+                             for k in ("name", "driver", "torch_version", "cuda_version", "date", "host")}),
+        gemm=gemm, elementwise=elementwise, attention=attention, collectives=collectives,
+        overlap_compute_slowdown=overlap, overlap_source=overlap_src,
+        notes="; ".join([f"measured with calibration.measure, settings {json.dumps(raw.get('settings', {}), sort_keys=True)}"]
+                        + notes),
+    )
+    return CalibrationResult(profile, [gemm_err, *elt_err, *att_err, *coll_err], held, notes)
+
+
+def calibrate(out: str | Path, *, device: str | None = None, quick: bool = False, raw_path: str | Path | None = None,
+              keep_raw: str | Path | None = None, gpu: GpuSpec | None = None, name: str | None = None,
+              budget_s: float | None = None, layer_args: list[str] = ()) -> CalibrationResult:
+    """Measure (or read ``raw_path``), fit, and write the profile to ``out`` atomically."""
+    if raw_path is not None:
+        raw = read_raw(raw_path)
+        if device is not None and raw["device"]["kind"] != device:
+            raise ConfigError(f"--device {device} but the raw points {str(raw_path)!r} were measured on "
+                              f"{raw['device']['kind']}; drop --device or pass matching points")
+    else:
+        if device not in ("cuda", "cpu"):
+            raise ConfigError(f"device={device!r}: pass --device cuda or --device cpu, or --raw with measured points")
+        if keep_raw is not None:
+            raw = measure(device, Path(keep_raw), quick=quick, budget_s=budget_s, layer_args=list(layer_args))
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                raw = measure(device, Path(tmp) / "raw.json", quick=quick, budget_s=budget_s,
+                              layer_args=list(layer_args))
+    result = fit_profile(raw, gpu=gpu, name=name)
+    save_profile(result.profile, out)
+    return result

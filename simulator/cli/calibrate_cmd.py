@@ -1,0 +1,90 @@
+"""`simulator calibrate`: measure this machine (or read raw points), fit a hardware profile, show the errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+EXAMPLES = """
+\b
+Examples:
+  simulator calibrate --device cpu --quick --out cpu-profile.json
+  simulator calibrate --device cuda --out h200.json --keep-raw h200-raw.json
+  simulator calibrate --raw OUTDIR/raw.json --out h200.json     # points from calibration/gpu_session.sh
+  simulator plan --cluster local-cpu --model gpt3-125m --profile cpu-profile.json
+"""
+
+
+def render(result, out: Path) -> str:
+    p = result.profile
+    lines = [f"wrote {out}: profile {p.name!r} ({p.source}) for {p.gpu}, measured on {p.device.name} "
+             f"({p.device.host}, {p.device.date}, torch {p.device.torch_version})", "",
+             "fit errors, (model - measured) / measured:",
+             f"  {'block':30s} {'points':>6s} {'rms':>8s} {'max':>8s}"]
+    for e in result.fit_errors:
+        lines.append(f"  {e.block:30s} {e.points:6d} {e.rms * 100:7.1f}% {e.max_abs * 100:7.1f}%")
+    g = p.gemm
+    lines += ["", f"GEMM model: max efficiency {g.max_efficiency:.3f}, k_half {g.k_half:.0f}, "
+              f"alignment {g.alignment_bytes} B (misaligned x{g.misaligned_factor:.2f}), "
+              f"launch {g.launch_overhead_s * 1e6:.1f} us"]
+    if result.held_out:
+        lines += ["", "held-out GEMMs (not fitted), predicted vs measured:",
+                  f"  {'m x n x k (x batch)':26s} {'measured':>11s} {'predicted':>11s} {'error':>8s}"]
+        for h in result.held_out:
+            shape = f"{h.m} x {h.n} x {h.k}" + (f" x{h.batch}" if h.batch > 1 else "")
+            lines.append(f"  {shape:26s} {h.measured_s * 1e3:9.3f} ms {h.predicted_s * 1e3:9.3f} ms {h.error * 100:7.1f}%")
+        lines.append(f"  rms error {result.held_out_rms() * 100:.1f}% over {len(result.held_out)} shapes")
+    for note in result.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+@click.command("calibrate", epilog=EXAMPLES)
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
+              help="Where to measure (omit with --raw: the points say).")
+@click.option("--quick", is_flag=True, help="Fewer sizes and repetitions (about a minute on a CPU).")
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Profile JSON to write (atomically).")
+@click.option("--raw", "raw", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Fit these raw points (from `python -m calibration.measure`) instead of measuring.")
+@click.option("--keep-raw", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also keep the raw points measured here in this file.")
+@click.option("--gpu", default=None, metavar="NAME|FILE",
+              help="GPU spec the profile describes (default: recognised from the device name).")
+@click.option("--name", default=None, help="Profile name (default: <gpu>-measured).")
+@click.option("--model", default=None, metavar="NAME|FILE", help="Model whose layer GEMMs are measured.")
+@click.option("--tensor-model-parallel-size", "--tp", "tp", type=click.IntRange(min=1), default=None,
+              help="TP size of those layer GEMMs.")
+@click.option("--micro-batch-size", "--mbs", "mbs", type=click.IntRange(min=1), default=None,
+              help="Micro-batch of those layer GEMMs.")
+@click.option("--budget-s", type=click.FloatRange(min=1), default=None, help="Wall-clock allowance for measuring.")
+@click.option("--json", "as_json", is_flag=True, help="Print the fit errors and held-out GEMMs as JSON.")
+def calibrate_command(device, quick, out, raw, keep_raw, gpu, name, model, tp, mbs, budget_s, as_json):
+    """Measure GEMMs, attention, memory-bound kernels and collectives; fit and write a hardware profile."""
+    from simulator.calibrate import calibrate
+    from simulator.hardware import load_gpu
+    from simulator.model import load_model
+
+    if raw is None and device is None:
+        raise click.UsageError("pass --device cuda|cpu to measure, or --raw with points measured before")
+    if raw is not None and (quick or keep_raw or model or tp or mbs or budget_s):
+        raise click.UsageError("--quick, --keep-raw, --model, --tp, --mbs and --budget-s set up a measurement; "
+                               "drop them with --raw")
+    layer_args: list[str] = []
+    if model is not None:
+        m = load_model(model)
+        layer_args += ["--hidden", str(m.hidden_size), "--heads", str(m.num_attention_heads),
+                       "--ffn", str(m.ffn_size), "--seq", str(m.seq_length)]
+        if m.num_query_groups:
+            layer_args += ["--num-query-groups", str(m.num_query_groups)]
+        if m.swiglu:
+            layer_args.append("--swiglu")
+    if tp is not None:
+        layer_args += ["--tp", str(tp)]
+    if mbs is not None:
+        layer_args += ["--micro-batch", str(mbs)]
+    result = calibrate(out, device=device, quick=quick, raw_path=raw, keep_raw=keep_raw,
+                       gpu=load_gpu(gpu) if gpu else None, name=name, budget_s=budget_s, layer_args=layer_args)
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else render(result, out))

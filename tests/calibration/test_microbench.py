@@ -1,0 +1,177 @@
+"""The measuring side: shapes agree with the layer graph, timing returns medians, benchmarks measure
+what they say, gloo collectives run on two processes, and the session script works on the CPU path."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from calibration.microbench import RAW_FORMAT
+from calibration.microbench.attention import fused_attention, time_attention, unfused_attention
+from calibration.microbench.collectives import bus_factor, run_collectives
+from calibration.microbench.elementwise import KERNELS, time_elementwise
+from calibration.microbench.gemm import held_out_keys, run_gemms, time_gemm
+from calibration.microbench.shapes import Gemm, LayerDims, grid_gemms, layer_gemms, unique_gemms
+from calibration.microbench.timing import Budget, Timing, rotation_count, time_fn
+from simulator.layers import ordered_ops, transformer_layer
+from simulator.model import PRESETS, ModelSpec
+from simulator.plan import ParallelPlan
+
+REPO = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
+
+
+def _dims(model: ModelSpec, plan: ParallelPlan) -> LayerDims:
+    return LayerDims(hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
+                     ffn_hidden_size=model.ffn_size, seq_length=model.seq_length,
+                     micro_batch_size=plan.micro_batch_size, tensor_parallel_size=plan.tensor_parallel_size,
+                     num_query_groups=model.num_query_groups, swiglu=model.swiglu)
+
+
+LLAMA_LIKE = ModelSpec(name="gqa", num_layers=2, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+                       ffn_hidden_size=11008, swiglu=True, seq_length=4096)
+
+
+@pytest.mark.parametrize("model,tp,mbs", [
+    (PRESETS["gpt3-175b"], 8, 1), (PRESETS["gpt3-125m"], 1, 4), (PRESETS["megatron-22b"], 8, 2), (LLAMA_LIKE, 2, 1),
+])
+@pytest.mark.parametrize("flash", [False, True])
+def test_layer_shapes_match_the_layer_graph(model, tp, mbs, flash):
+    plan = ParallelPlan(tensor_parallel_size=tp, micro_batch_size=mbs, global_batch_size=mbs, use_flash_attention=flash)
+    g = transformer_layer(model, plan)
+    graph = {op.name: (op.gemm.m, op.gemm.n, op.gemm.k, op.gemm.batch)
+             for op in ordered_ops(g.forward) + ordered_ops(g.backward) if op.gemm is not None}
+    ours = {x.name: x.key for x in layer_gemms(_dims(model, plan), flash_attention=flash)}
+    assert ours == graph
+
+
+def test_unique_gemms_drop_repeats_and_keep_first_names():
+    gs = [Gemm("a", 1, 2, 3), Gemm("b", 1, 2, 3), Gemm("c", 3, 2, 1)]
+    assert [g.name for g in unique_gemms(gs)] == ["a", "c"]
+    assert Counter(g.key for g in grid_gemms(True, "cpu")).most_common(1)[0][1] == 1
+
+
+def test_layer_dims_reject_tp_that_does_not_divide_heads():
+    with pytest.raises(ValueError, match="tensor_parallel_size=5"):
+        LayerDims(hidden_size=768, num_attention_heads=12, ffn_hidden_size=3072, seq_length=128, tensor_parallel_size=5)
+
+
+def test_timing_is_the_median_not_the_mean():
+    assert Timing((1.0, 9.0, 2.0)).median_s == 2.0
+    durations = [0.030, 0.001, 0.002, 0.003, 0.004]  # one slow outlier
+    calls = []
+
+    def fn(i):
+        calls.append(i)
+        if i >= 2:  # the two warm-up calls are not timed
+            time.sleep(durations[i - 2])
+
+    t = time_fn(fn, CPU, warmup=2, repeats=5)
+    assert calls == list(range(7)) and len(t.samples_s) == 5
+    assert abs(t.median_s - 0.003) < 0.0015  # the mean would be 0.008
+    assert t.median_s < sum(t.samples_s) / 5
+
+
+def test_rotation_outgrows_the_cache():
+    n = rotation_count(1024 * 1024, CPU, max_sets=10**6, max_bytes=2**40)
+    from calibration.microbench.timing import cache_bytes
+    assert n * 2**20 >= 2 * cache_bytes(CPU) > (n - 1) * 2**20
+    assert rotation_count(2**40, CPU) == 1
+
+
+def test_gemm_point_counts_flops_and_rotation_uses_random_data():
+    p = time_gemm(Gemm("x", 64, 96, 32), torch.float32, CPU, warmup=1, repeats=3)
+    assert p["flops"] == 2 * 64 * 96 * 32 and p["time_s"] > 0
+    assert math.isclose(p["tflops"], p["flops"] / p["time_s"] / 1e12)
+
+
+def test_budget_skips_and_says_so():
+    gs = [Gemm("a", 32, 32, 32), Gemm("b", 64, 64, 64)]
+    budget = Budget(0.0)
+    assert run_gemms(gs, torch.float32, CPU, budget, warmup=1, repeats=1) == []
+    assert len(budget.skipped) == 2 and "32x32x32" in budget.skipped[0]
+
+
+def test_held_out_is_a_deterministic_few():
+    gs = grid_gemms(False, "cuda")
+    assert held_out_keys(gs) == held_out_keys(gs)
+    assert 0 < len(held_out_keys(gs)) <= len(gs) // 4
+
+
+def test_unfused_attention_computes_what_the_fused_kernel_does():
+    q, k, v = (torch.randn(2, 3, 16, 8) for _ in range(3))
+    for causal in (False, True):
+        torch.testing.assert_close(unfused_attention(q, k, v, causal, 0.0), fused_attention(q, k, v, causal, 0.0))
+
+
+def test_attention_points_report_forward_and_backward_flops():
+    fwd, bwd = time_attention("fused", 1, 2, 32, 16, torch.float32, CPU, warmup=1, repeats=2)
+    assert (fwd["pass"], bwd["pass"]) == ("forward", "backward")
+    assert fwd["flops"] == 4 * 2 * 32 * 32 * 16 / 2  # causal halves it (FlashAttention-2's count)
+    assert bwd["flops"] == 2.5 * fwd["flops"]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_elementwise_bytes_follow_the_layer_graph_accounting(kernel):
+    p = time_elementwise(kernel, 4096, 256, torch.float32, CPU, warmup=1, repeats=2)
+    per_element = {"bias_add_residual": 3 * 4, "dropout": 2 * 4 + 1}.get(kernel, 2 * 4)
+    assert p["numel"] == 4096 and p["bytes_moved"] == 4096 * per_element and p["time_s"] > 0
+
+
+def test_bus_factors_are_nccl_tests_conventions():
+    assert bus_factor("all_reduce", 8) == 2 * 7 / 8
+    assert bus_factor("all_gather", 4) == bus_factor("reduce_scatter", 4) == 3 / 4
+    assert bus_factor("send_recv", 2) == 1.0
+
+
+def test_gloo_collectives_on_two_processes():
+    res = run_collectives(backend="gloo", world_size=2, sizes=[4096, 1 << 20], dtype=torch.float32,
+                          warmup=1, repeats=3, budget_s=60)
+    kinds = Counter(p["kind"] for p in res["points"])
+    assert kinds == {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 2, "send_recv": 2}
+    for p in res["points"]:
+        assert p["group_size"] == 2 and p["time_s"] > 0
+        assert math.isclose(p["busbw_gbps"], p["bytes"] / p["time_s"] / 1e9 * bus_factor(p["kind"], 2))
+
+
+def test_measure_entry_point_on_cpu(tmp_path):
+    out = tmp_path / "raw.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "calibration.measure", "--device", "cpu", "--quick", "--budget-s",
+                           "40", "--sections", "gemm,attention", "--out", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    raw = json.loads(out.read_text())
+    assert raw["format"] == RAW_FORMAT and raw["device"]["kind"] == "cpu"
+    assert {"name", "driver", "torch_version", "date", "host"} <= raw["device"].keys()
+    assert all(raw["sections"][s]["status"] == "done" for s in ("gemm", "attention"))
+    assert "elementwise" not in raw["sections"] and raw["elementwise"] == []
+    assert any(p["held_out"] for p in raw["gemm"]) and not all(p["held_out"] for p in raw["gemm"])
+    assert {p["impl"] for p in raw["attention"]} == {"fused", "unfused"}
+
+
+@pytest.mark.skipif(not Path("/bin/bash").exists(), reason="needs bash")
+def test_gpu_session_script_runs_its_cpu_path(tmp_path):
+    env = {**os.environ, "CALIBRATION_DEVICE": "cpu", "CALIBRATION_TOTAL_S": "100", "PYTHON": sys.executable,
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(["bash", str(REPO / "calibration" / "gpu_session.sh"), str(tmp_path / "out"), "--quick"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "out"
+    raw = json.loads((out / "raw.json").read_text())
+    assert set(raw["sections"]) == {"gemm", "attention", "elementwise", "collectives"}
+    assert all(info["status"] == "done" for info in raw["sections"].values()), raw["sections"]
+    assert {p["kernel"] for p in raw["elementwise"]} == set(KERNELS)
+    assert {p["kind"] for p in raw["collectives"]} == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
+    log = (out / "session.log").read_text()
+    assert "== environment" in log and "torch" in log and "== fit" in log
+    assert (out / "profile.json").is_file()  # pydantic is installed here, so the script fits too

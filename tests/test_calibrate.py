@@ -1,0 +1,160 @@
+"""`simulator calibrate`: raw points in, a measured profile out that `plan` accepts; clear errors on bad files."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from calibration.microbench import RAW_FORMAT, RAW_VERSION
+from calibration.microbench.shapes import LayerDims, grid_gemms, layer_gemms, unique_gemms
+from simulator.calibrate import fit_profile, gpu_for_device, read_raw
+from simulator.cli import cli
+from simulator.costs.attention import attention_forward_flops, attention_time_s
+from simulator.costs.elementwise import elementwise_time_s
+from simulator.costs.gemm import gemm_time_s
+from simulator.errors import ProfileError
+from simulator.hardware import load_gpu
+from simulator.profile import default_profile, load_profile
+
+
+def _synthetic_raw(with_collectives: bool = False) -> dict:
+    """Points an H200 would give if the published profile's model forms held exactly."""
+    gpu, truth = load_gpu("h200-sxm-141gb"), default_profile("H200-SXM-141GB")
+    peak = gpu.peak_tflops.bf16 * 1e12
+    gemm_truth = truth.gemm.model_copy(update={"ceiling_efficiency": None})
+    shapes = unique_gemms(layer_gemms(LayerDims(12288, 96, 49152, 2048, 1, 8)) + grid_gemms(False, "cuda"))
+    gemm = [{"name": g.name, "m": g.m, "n": g.n, "k": g.k, "batch": g.batch, "dtype": "bfloat16",
+             "time_s": float(gemm_time_s(gemm_truth, peak, gpu.sm_count, g.m, g.n, g.k, g.batch, 2)),
+             "held_out": i % 5 == 2} for i, g in enumerate(shapes)]
+    attention = []
+    for seq in (512, 1024, 2048, 4096, 8192):
+        bh = 12 * max(1, 2048 // seq)
+        for backward in (False, True):
+            flops = attention_forward_flops(bh, seq, 128, True) * (2.5 if backward else 1.0)
+            t = float(attention_time_s(truth.attention, peak, flops, seq, backward))
+            attention.append({"impl": "fused", "pass": "backward" if backward else "forward", "batch_heads": bh,
+                              "seq": seq, "head_dim": 128, "causal": True, "dtype": "bfloat16", "time_s": t})
+    elementwise = [{"kernel": "copy", "bytes_moved": 2 ** e, "time_s":
+                    float(elementwise_time_s(truth.elementwise, gpu.hbm_bandwidth_gbps, 2 ** e))} for e in range(16, 31, 2)]
+    sections = {"collectives": {"status": "skipped", "error": "1 GPU(s): NCCL needs one GPU per rank"}}
+    return {"format": RAW_FORMAT, "version": RAW_VERSION,
+            "device": {"kind": "cuda", "name": "NVIDIA H200", "driver": "580.159.03", "torch_version": "2.11.0",
+                       "cuda_version": "13.0", "date": "2026-11-30T00:00:00+00:00", "host": "gpu-1",
+                       "memory_bytes": 143771 * 2**20},
+            "settings": {}, "gemm": gemm, "attention": attention, "elementwise": elementwise, "collectives": [],
+            "sections": sections}
+
+
+def test_fit_recovers_a_known_profile_and_predicts_held_out_gemms():
+    result = fit_profile(_synthetic_raw())
+    truth = default_profile("H200-SXM-141GB")
+    p = result.profile
+    assert p.source == "measured" and p.gpu == "H200-SXM-141GB" and p.device.host == "gpu-1"
+    assert result.held_out and max(abs(h.error) for h in result.held_out) < 0.02
+    assert p.gemm.max_efficiency == pytest.approx(truth.gemm.max_efficiency, rel=0.02)
+    assert p.elementwise.achieved_fraction == pytest.approx(truth.elementwise.achieved_fraction, rel=0.02)
+    assert p.attention.forward_efficiency == pytest.approx(truth.attention.forward_efficiency, rel=0.02)
+    # one GPU measures no collectives: they come from the published profile, and the notes say so
+    assert p.collectives == truth.collectives
+    assert any("collectives not measured" in n for n in result.notes)
+    # the held-out points travel in the profile with their prediction errors
+    held = [f for f in p.gemm.fits if "held out" in f.note]
+    assert len(held) == 1 and len(held[0].points) == len(result.held_out)
+
+
+def test_devices_map_to_gpu_specs():
+    assert gpu_for_device({"kind": "cpu"}).name == "CPU"
+    assert gpu_for_device({"kind": "cuda", "name": "NVIDIA A100-SXM4-40GB", "memory_bytes": 40 * 2**30}).name == "A100-SXM4-40GB"
+    assert gpu_for_device({"kind": "cuda", "name": "NVIDIA A100-SXM4-80GB", "memory_bytes": 80 * 2**30}).name == "A100-SXM4-80GB"
+    with pytest.raises(ProfileError, match="--gpu"):
+        gpu_for_device({"kind": "cuda", "name": "Tesla T4"})
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda r: r.update(format="something-else"), "not a raw points file"),
+    (lambda r: r.update(version=99), "version 99"),
+    (lambda r: r["gemm"][0].update(time_s=-1.0), "time_s=-1.0"),
+    (lambda r: r["gemm"][0].pop("m"), "lacks \\['m'\\]"),
+    (lambda r: r.update(elementwise=[]), "no elementwise points"),
+    (lambda r: r.update(device={"kind": "tpu"}), "kind 'cuda' or 'cpu'"),
+])
+def test_bad_raw_files_are_one_profile_error(tmp_path, mutate, match):
+    raw = _synthetic_raw()
+    mutate(raw)
+    path = tmp_path / "raw.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ProfileError, match=match):
+        read_raw(path)
+
+
+def test_cli_fits_raw_points_and_reports_held_out(tmp_path):
+    raw, out = tmp_path / "raw.json", tmp_path / "profile.json"
+    raw.write_text(json.dumps(_synthetic_raw()))
+    res = CliRunner().invoke(cli, ["calibrate", "--raw", str(raw), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "held-out GEMMs" in res.output and "rms error" in res.output
+    assert load_profile(out).source == "measured"
+    res = CliRunner().invoke(cli, ["calibrate", "--raw", str(raw), "--out", str(out), "--json"])
+    doc = json.loads(res.output)
+    assert doc["held_out_gemms"] and doc["held_out_rms_error"] < 0.02
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps([1, 2]), json.dumps({"format": RAW_FORMAT, "version": 1})])
+def test_cli_corrupt_raw_exits_2_with_one_line(tmp_path, content):
+    raw = tmp_path / "raw.json"
+    raw.write_text(content)
+    res = CliRunner().invoke(cli, ["calibrate", "--raw", str(raw), "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 2
+    assert res.output.startswith("error: ") and len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["calibrate", "--out", "p.json"],  # neither --device nor --raw
+    ["calibrate", "--raw", "raw.json", "--quick", "--out", "p.json"],
+    ["calibrate", "--raw", "missing.json", "--out", "p.json"],
+    ["calibrate", "--device", "tpu", "--out", "p.json"],
+])
+def test_cli_bad_flags_exit_2(tmp_path, monkeypatch, args):
+    (tmp_path / "raw.json").write_text(json.dumps(_synthetic_raw()))
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2 and res.output.startswith("error: ")
+
+
+def test_cli_raw_from_another_device_is_refused(tmp_path):
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps(_synthetic_raw()))
+    res = CliRunner().invoke(cli, ["calibrate", "--device", "cpu", "--raw", str(raw), "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 2 and "measured on cuda" in res.output
+
+
+def test_corrupt_profile_is_refused_by_plan(tmp_path):
+    bad = tmp_path / "profile.json"
+    bad.write_text('{"schema_version": 1, "name": "x"')
+    res = CliRunner().invoke(cli, ["plan", "--cluster", "local-cpu", "--model", "gpt3-125m", "--precision", "fp32",
+                                   "--profile", str(bad)])
+    assert res.exit_code == 2 and "not valid JSON" in res.output
+
+
+def test_calibrate_cpu_quick_end_to_end(tmp_path):
+    out, raw = tmp_path / "cpu.json", tmp_path / "raw.json"
+    start = time.monotonic()
+    res = CliRunner().invoke(cli, ["calibrate", "--device", "cpu", "--quick", "--out", str(out), "--keep-raw", str(raw)])
+    assert res.exit_code == 0, res.output
+    assert time.monotonic() - start < 120
+    profile = load_profile(out)
+    assert profile.source == "measured" and profile.gpu == "CPU" and profile.device.torch_version
+    assert "held-out GEMMs" in res.output
+    # the raw points are kept in the profile with one residual each
+    n_fitted = sum(1 for p in read_raw(raw)["gemm"] if not p["held_out"])
+    assert len(profile.gemm.fits[0].points) == n_fitted == len(profile.gemm.fits[0].residuals)
+    assert np.isfinite(profile.gemm.fits[0].residuals).all()
+    res = CliRunner().invoke(cli, ["plan", "--cluster", "local-cpu", "--model", "gpt3-125m", "--precision", "fp32",
+                                   "--dp", "2", "--gbs", "2", "--profile", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "iteration time" in res.output
