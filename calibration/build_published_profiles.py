@@ -111,6 +111,48 @@ def _gemm(gpu: GpuSpec, rows: dict, tiles: tuple[int, int]) -> GemmParams:
     )
 
 
+def _gemm_fp8(gpu: GpuSpec, rows: dict, bf16: GemmParams) -> GemmParams | None:
+    """FP8 (e4m3) GEMMs on Hopper: the MAMF fp8 maximum against the fp8 dense peak; the shape terms of bf16."""
+    if gpu.peak_tflops.fp8 is None:
+        return None
+    mamf = rows[f"mamf_{gpu.name[:4].lower()}_fp8_e4m3"]
+    peak = gpu.peak_tflops.fp8
+    # Alignment is a count of elements, so it carries over from bf16 with the bytes halved; the main
+    # loop runs twice as fast per k-step while the epilogue still writes bf16, so it takes twice the
+    # reduction length to amortise. The tile is not bf16's: with 128x256 tiles the MAMF best shapes
+    # would leave 27% (H100) and 39% (H200) of their last wave empty, which a brute-force search
+    # for the best shape would not have picked.
+    common = {"k_half": 2 * K_HALF, "launch_overhead_s": LAUNCH_OVERHEAD_S,
+              "misaligned_factor": bf16.misaligned_factor, "alignment_bytes": bf16.alignment_bytes // 2}
+    m, n, k = (int(x) for x in mamf["best_shape_MxNxK"].split("x"))
+    point = (m, n, k, 1, 1, 2.0 * m * n * k / (mamf["value"] * 1e12))
+    best = fit_gemm([point], peak * 1e12, gpu.sm_count, fixed=common,
+                    note=f"MAMF best shape, {mamf['hardware']} {mamf['dtype']} {mamf['value']} TFLOPS")
+    not_published = "no FP8 shape sweep was published (only the MAMF maximum)"
+    return GemmParams(
+        **best.params, ceiling_efficiency=mamf["value"] / peak,
+        sources={
+            "ceiling_efficiency": (f"MAMF {mamf['dtype']} {mamf['value']} / {peak} TFLOPS = "
+                                   f"{mamf['efficiency_pct']}%: the best of a brute-force search over shapes on "
+                                   f"{mamf['hardware']} ({MD} section 3d)"),
+            "max_efficiency": (f"fitted to the MAMF maximum achievable {mamf['value']} TFLOPS at "
+                               f"{mamf['best_shape_MxNxK']} on {mamf['hardware']} ({MD} section 3d), after its wave "
+                               "and k terms"),
+            **dict.fromkeys(("tile_m", "tile_n"), (
+                f"fitted among 64/128/256 ({not_published}): the MAMF best shape is explained with max_efficiency "
+                "<= 1 by several tiles and the first of them is kept; bf16's 128x256 would leave a quarter or more "
+                "of the best shape's last wave of SMs idle, which a brute-force search would not have picked")),
+            "k_half": (f"{not_published}: twice the bf16 value, since an FP8 k-step takes half the time while the "
+                       "bf16 epilogue does not"),
+            "misaligned_factor": f"{not_published}: the bf16 value",
+            "alignment_bytes": (f"{not_published}: the bf16 alignment in elements "
+                                f"({bf16.alignment_bytes} bytes of bf16 = {bf16.alignment_bytes // 2} bytes of fp8)"),
+            "launch_overhead_s": LAUNCH_SOURCE,
+        },
+        fits=(best.record,),
+    )
+
+
 def _elementwise(gpu: GpuSpec, rows: dict) -> ElementwiseParams:
     if gpu.architecture == "ampere":
         olmo = rows["olmo_triton_layernorm_a100"]["values"]
@@ -264,9 +306,10 @@ def build_profile(gpu_name: str) -> HardwareProfile:
     gpu = load_gpu(gpu_name)
     nic_gbps, tiles = GPUS[gpu.name]
     rows = _measured()
+    gemm = _gemm(gpu, rows, tiles)
     return HardwareProfile(
         schema_version=SCHEMA_VERSION, name=f"{gpu.name.lower()}-published", source="published", gpu=gpu.name,
-        gemm=_gemm(gpu, rows, tiles), elementwise=_elementwise(gpu, rows), attention=_attention(gpu),
+        gemm=gemm, gemm_fp8=_gemm_fp8(gpu, rows, gemm), elementwise=_elementwise(gpu, rows), attention=_attention(gpu),
         collectives=_links(gpu, rows, nic_gbps),
         overlap_compute_slowdown=OVERLAP_SLOWDOWN, overlap_source=OVERLAP_SOURCE,
         notes=f"Fitted to published microbenchmarks ({MD}) by calibration/build_published_profiles.py; "
@@ -281,7 +324,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in GPUS:
         profile = build_profile(name)
         path = save_profile(profile, args.out / f"{profile.name}.json")
-        print(f"{path}: gemm max_efficiency={profile.gemm.max_efficiency:.3f}, "
+        fp8 = f", fp8 {profile.gemm_fp8.max_efficiency:.3f}" if profile.gemm_fp8 is not None else ""
+        print(f"{path}: gemm max_efficiency={profile.gemm.max_efficiency:.3f}{fp8}, "
               f"elementwise {profile.elementwise.achieved_fraction:.3f}, "
               f"nvlink {profile.collectives.nvlink.max_busbw_gbps:.1f} GB/s, "
               f"network {profile.collectives.network.max_busbw_gbps:.1f} GB/s/NIC")

@@ -69,6 +69,7 @@ class GemmShape:
     k: int
     batch: int = 1
     accumulate_fp32: bool = False  # C += A @ B into an fp32 buffer (weight gradients into main_grad)
+    fp8: bool = False  # FP8 inputs (Transformer Engine linear layers), output in the activation dtype
 
     @property
     def flops(self) -> float:
@@ -156,11 +157,12 @@ class LayerKey:
     precision: Precision
     use_flash_attention: bool
     granularity: RecomputeGranularity
+    fp8: bool = False  # the four linear layers' GEMMs in FP8
 
     @staticmethod
     def of(plan: ParallelPlan) -> "LayerKey":
         return LayerKey(plan.tensor_parallel_size, plan.sequence_parallel, plan.micro_batch_size, plan.precision,
-                        plan.use_flash_attention, plan.recompute.granularity)
+                        plan.use_flash_attention, plan.recompute.granularity, plan.fp8_format is not None)
 
 
 def _dims(model: ModelSpec, plan: "LayerKey") -> _Dims:
@@ -217,7 +219,10 @@ class LayerGraph:
         return saves
 
     def activation_bytes(self, granularity: RecomputeGranularity) -> int:
-        return sum(t.bytes for t in self.saved_tensors(granularity))
+        cache = self.forward.graph.setdefault("activation_bytes", {})
+        if granularity not in cache:
+            cache[granularity] = sum(t.bytes for t in self.saved_tensors(granularity))
+        return cache[granularity]
 
 
 def _in_region(graph: nx.DiGraph, tensor: SavedTensor) -> bool:
@@ -228,9 +233,17 @@ def _in_region(graph: nx.DiGraph, tensor: SavedTensor) -> bool:
 
 
 def ordered_ops(graph: nx.DiGraph) -> list[Op]:
-    """Ops in a deterministic topological order (insertion order breaks ties)."""
-    index = nx.get_node_attributes(graph, "index")
-    return [graph.nodes[n]["op"] for n in nx.lexicographical_topological_sort(graph, key=lambda n: index[n])]
+    """Ops in a deterministic topological order (insertion order breaks ties).
+
+    Graphs are never changed once built, so the order is kept on the graph itself: the search
+    asks for it hundreds of thousands of times.
+    """
+    order = graph.graph.get("order")
+    if order is None:
+        index = nx.get_node_attributes(graph, "index")
+        order = graph.graph["order"] = tuple(
+            graph.nodes[n]["op"] for n in nx.lexicographical_topological_sort(graph, key=lambda n: index[n]))
+    return list(order)
 
 
 def _norm(name: str, dm: _Dims, model: ModelSpec, saves: bool = True) -> Op:
@@ -262,7 +275,9 @@ def _forward(model: ModelSpec, plan: LayerKey, dm: _Dims) -> nx.DiGraph:
     if t > 1 and dm.sp:
         g.add(_coll("attention_all_gather", CollectiveKind.all_gather, full_act, t))
     qkv_width = dm.a * dm.d + 2 * dm.kv
-    g.add(_gemm("qkv", GemmShape(tokens, qkv_width, h), saves=(SavedTensor("qkv.input", col_input_numel, ab),)))
+    fp8 = plan.fp8  # Transformer Engine runs the linear layers in FP8; attention and the output layer stay bf16
+    g.add(_gemm("qkv", GemmShape(tokens, qkv_width, h, fp8=fp8),
+                saves=(SavedTensor("qkv.input", col_input_numel, ab),)))
     if model.position_embedding_type is PositionEmbedding.rope:
         g.add(_elementwise("rotary", tokens * (dm.a * dm.d + dm.kv), 1, 1, ab))
     q_numel, kv_numel = tokens * dm.a * dm.d, tokens * dm.kv
@@ -293,7 +308,7 @@ def _forward(model: ModelSpec, plan: LayerKey, dm: _Dims) -> nx.DiGraph:
         # without dropout the context GEMM keeps the softmax output, already counted once
         g.add(_gemm("attention_context", GemmShape(s, dm.d, s, batch=b * dm.a), kind=OpKind.batched_gemm,
                     region=CORE_ATTENTION, saves=tuple(context_saves)))
-    g.add(_gemm("attention_proj", GemmShape(tokens, h, dm.a * dm.d),
+    g.add(_gemm("attention_proj", GemmShape(tokens, h, dm.a * dm.d, fp8=fp8),
                 saves=(SavedTensor("attention_proj.input", q_numel, ab),)))
     if t > 1:
         kind = CollectiveKind.reduce_scatter if dm.sp else CollectiveKind.all_reduce
@@ -302,11 +317,12 @@ def _forward(model: ModelSpec, plan: LayerKey, dm: _Dims) -> nx.DiGraph:
     g.add(_norm("pre_mlp_norm", dm, model))
     if t > 1 and dm.sp:
         g.add(_coll("mlp_all_gather", CollectiveKind.all_gather, full_act, t))
-    g.add(_gemm("fc1", GemmShape(tokens, dm.mlp_in, h), saves=(SavedTensor("fc1.input", col_input_numel, ab),)))
+    g.add(_gemm("fc1", GemmShape(tokens, dm.mlp_in, h, fp8=fp8),
+                saves=(SavedTensor("fc1.input", col_input_numel, ab),)))
     act_name = "swiglu" if model.swiglu else "gelu"
     g.add(_elementwise(act_name, tokens * dm.mlp_in, 1, dm.f / dm.mlp_in, ab,
                        saves=(SavedTensor(f"{act_name}.input", tokens * dm.mlp_in, ab),)))
-    g.add(_gemm("fc2", GemmShape(tokens, h, dm.f), saves=(SavedTensor("fc2.input", tokens * dm.f, ab),)))
+    g.add(_gemm("fc2", GemmShape(tokens, h, dm.f, fp8=fp8), saves=(SavedTensor("fc2.input", tokens * dm.f, ab),)))
     if t > 1:
         kind = CollectiveKind.reduce_scatter if dm.sp else CollectiveKind.all_reduce
         g.add(_coll(f"mlp_{kind.value}", kind, full_act, t))
@@ -326,13 +342,14 @@ def _backward_linear(g: _Builder, name: str, shape: GemmShape, dm: _Dims, column
     gather = None
     if column_parallel and dm.t > 1 and dm.sp:
         gather = g.add(_coll(f"{name}.input_all_gather", CollectiveKind.all_gather, full_act, dm.t), after=(after,))
-    dgrad = g.add(_gemm(f"{name}.dgrad", GemmShape(shape.m, shape.k, shape.n)), after=(after,))
+    dgrad = g.add(_gemm(f"{name}.dgrad", GemmShape(shape.m, shape.k, shape.n, fp8=shape.fp8)), after=(after,))
     reduce = None
     if column_parallel and dm.t > 1:
         kind = CollectiveKind.reduce_scatter if dm.sp else CollectiveKind.all_reduce
         reduce = g.add(_coll(f"{name}.dgrad_{kind.value}", kind, full_act, dm.t), after=(dgrad,))
     # Megatron's gradient-accumulation fusion: the weight gradient accumulates into fp32 main_grad
-    wgrad = g.add(_gemm(f"{name}.wgrad", GemmShape(shape.k, shape.n, shape.m, accumulate_fp32=True)),
+    wgrad_shape = GemmShape(shape.k, shape.n, shape.m, accumulate_fp32=True, fp8=shape.fp8)
+    wgrad = g.add(_gemm(f"{name}.wgrad", wgrad_shape),
                   after=(dgrad,) + ((gather,) if gather else ()))
     if bias:  # grad_output.sum(0): one read of the output gradient (on s/t tokens after a reduce-scatter)
         tokens = shape.m if column_parallel else dm.local_tokens

@@ -139,14 +139,23 @@ def register_presets(models: dict[str, ModelSpec]) -> None:
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A preset by name, or a YAML/JSON file of ``ModelSpec`` fields."""
+    """A preset by name, a YAML/JSON file of ``ModelSpec`` fields, or a Hugging Face ``config.json``."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
     path = Path(name_or_path)
     if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
         data = read_mapping(path, "model")
+        if "architectures" in data or "model_type" in data:  # a Hugging Face config.json
+            from simulator.hf import model_from_hf_config
+
+            return model_from_hf_config(data, path)
         data.setdefault("name", path.stem)
         return build(ModelSpec, data, f"model file {str(path)!r}")
     raise ConfigError(
-        f"unknown model {name_or_path!r}; use a preset ({', '.join(sorted(PRESETS))}) or a YAML/JSON file"
+        f"unknown model {name_or_path!r}; use a preset ({', '.join(sorted(PRESETS))}), a YAML/JSON file "
+        "or a Hugging Face config.json"
     )
+
+
+# The Llama family lives in its own module; importing it registers it (it imports this module's names).
+import simulator.presets  # noqa: E402,F401

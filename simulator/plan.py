@@ -36,6 +36,13 @@ class Precision(str, Enum):
         return 4 if self is Precision.fp32 else 2
 
 
+class Fp8Format(str, Enum):
+    """Transformer Engine's FP8 recipes (Megatron ``--fp8-format``); both run at the same tensor-core peak."""
+
+    hybrid = "hybrid"  # e4m3 forward, e5m2 gradients
+    e4m3 = "e4m3"  # e4m3 throughout
+
+
 class PipelineSchedule(str, Enum):
     gpipe = "gpipe"
     one_f_one_b = "1f1b"  # interleaved when virtual_pipeline_stages > 1
@@ -77,6 +84,12 @@ class ParallelPlan(BaseModel):
     recompute: RecomputePolicy = RecomputePolicy()
     use_distributed_optimizer: bool = Field(False, description="Shard fp32 master weights and Adam state over DP (ZeRO-1).")
     precision: Precision = Precision.bf16
+    fp8_format: Fp8Format | None = Field(
+        None,
+        description="Run the transformer layers' linear GEMMs (QKV, projection, fc1, fc2: forward, dgrad, wgrad) "
+        "in FP8 on Hopper, as Transformer Engine does; attention, the output layer and every activation stay in "
+        "`precision` (the memory model keeps bf16 activations). None = no FP8.",
+    )
     use_flash_attention: bool = Field(False, description="Fused attention that never materialises the s x s scores.")
     overlap_grad_reduce: bool = Field(False, description="Overlap the DP gradient reduction with the backward pass.")
     overlap_p2p_comm: bool = Field(
@@ -136,6 +149,15 @@ class ParallelPlan(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _fp8_needs_mixed_precision(self) -> "ParallelPlan":
+        if self.fp8_format is not None and self.precision is Precision.fp32:
+            raise ValueError(
+                f"fp8_format={self.fp8_format.value!r} runs beside bf16/fp16 mixed precision, not fp32; "
+                "use precision bf16 or drop the FP8 format"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _recompute_layers_only_for_full(self) -> "ParallelPlan":
         if self.recompute.granularity is not RecomputeGranularity.full and self.recompute.num_layers != 1:
             raise ValueError(
@@ -170,6 +192,16 @@ class Job(BaseModel):
             raise ValueError(
                 f"tensor_parallel_size={t} does not divide vocab_size={self.model.vocab_size}; pad the vocabulary "
                 f"to a multiple of {t} (Megatron pads to a multiple of 128 x TP)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fp8_needs_fp8_tensor_cores(self) -> "Job":
+        if self.plan.fp8_format is not None and self.cluster.gpu.peak_tflops.fp8 is None:
+            raise ValueError(
+                f"fp8_format={self.plan.fp8_format.value!r} needs FP8 tensor cores, which "
+                f"{self.cluster.gpu.name} ({self.cluster.name}) does not have; drop the FP8 format or use a Hopper "
+                "cluster such as dgx-h100 or dgx-h200"
             )
         return self
 

@@ -163,6 +163,9 @@ class HardwareProfile(BaseModel):
     gpu: str = Field(description="The GpuSpec name this profile describes.")
     device: DeviceInfo = DeviceInfo()
     gemm: GemmParams
+    gemm_fp8: GemmParams | None = Field(
+        None, description="FP8 GEMMs (Hopper and later), against the fp8 dense peak; None where none is known."
+    )
     elementwise: ElementwiseParams
     attention: AttentionParams
     collectives: CollectiveParams

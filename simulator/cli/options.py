@@ -10,7 +10,7 @@ from simulator._io import build
 from simulator.errors import ConfigError
 from simulator.hardware import load_cluster
 from simulator.model import load_model
-from simulator.plan import Job, ParallelPlan, Precision, RecomputeGranularity, RecomputeMethod
+from simulator.plan import Fp8Format, Job, ParallelPlan, Precision, RecomputeGranularity, RecomputeMethod
 
 _POSITIVE = click.IntRange(min=1)
 
@@ -18,9 +18,11 @@ _POSITIVE = click.IntRange(min=1)
 # job_from_options reads.
 _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--model",), dict(default="gpt3-175b", show_default=True, metavar="NAME|FILE",
-                        help="Model preset (gpt3-175b, megatron-22b, ...) or a YAML/JSON file of ModelSpec fields.")),
+                        help="Model preset (gpt3-175b, llama3-70b, ...; see `simulator models`), a YAML/JSON "
+                             "file of ModelSpec fields, or a Hugging Face config.json.")),
     (("--cluster",), dict(default="dgx-a100-80gb", show_default=True, metavar="NAME|FILE",
-                          help="Cluster preset (dgx-a100-80gb, dgx-h100, ...) or a YAML file.")),
+                          help="Cluster preset (dgx-a100-80gb, dgx-h100, ...; see `simulator clusters`) "
+                               "or a YAML file.")),
     (("--gpus",), dict(type=_POSITIVE, default=None,
                        help="Total GPUs; must equal TP x PP x DP. Default: TP x PP x DP.")),
     (("--tensor-model-parallel-size", "--tp", "tensor_parallel_size"),
@@ -50,6 +52,9 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
      dict(is_flag=True, default=False, help="Shard fp32 master weights and Adam state over DP.")),
     (("--precision",), dict(type=click.Choice([p.value for p in Precision]), default="bf16", show_default=True,
                             help="bf16/fp16 mixed precision with fp32 master weights, or fp32.")),
+    (("--fp8-format", "fp8_format"),
+     dict(type=click.Choice([f.value for f in Fp8Format]), default=None,
+          help="FP8 GEMMs in the linear layers (Transformer Engine, Hopper only); activations stay bf16.")),
     (("--use-flash-attn", "use_flash_attention"),
      dict(is_flag=True, default=False, help="Fused attention that never stores the s x s scores.")),
     (("--overlap-grad-reduce", "overlap_grad_reduce"),
@@ -117,6 +122,7 @@ def job_from_options(**kwargs: Any) -> Job:
         "recompute": recompute,
         "use_distributed_optimizer": o.get("use_distributed_optimizer", False),
         "precision": o.get("precision", "bf16"),
+        "fp8_format": o.get("fp8_format"),
         "use_flash_attention": o.get("use_flash_attention", False),
         "overlap_grad_reduce": o.get("overlap_grad_reduce", False),
         "overlap_p2p_comm": o.get("overlap_p2p_comm", False),

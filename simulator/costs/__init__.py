@@ -11,11 +11,13 @@ from simulator.costs.attention import attention_forward_flops, attention_time_s
 from simulator.costs.collectives import CollectiveModel, Group
 from simulator.costs.elementwise import elementwise_time_s
 from simulator.costs.gemm import gemm_efficiency, gemm_time_s
-from simulator.errors import ProfileError
+from simulator.errors import ConfigError, ProfileError
 from simulator.hardware import ClusterSpec
-from simulator.layers import CollectiveKind, Op, OpKind
+from simulator.layers import CollectiveKind, GemmShape, Op, OpKind
 from simulator.plan import Precision
 from simulator.profile import HardwareProfile
+
+FP8_BYTES = 1
 
 __all__ = ["CostModel", "Group", "build_cost_model", "gemm_efficiency", "gemm_time_s"]
 
@@ -50,6 +52,8 @@ class CostModel:
         if op.kind in (OpKind.gemm, OpKind.batched_gemm):
             assert op.gemm is not None, op.name
             s = op.gemm
+            if s.fp8:
+                return self._fp8_gemm_time_s(s)
             return float(gemm_time_s(p.gemm, self.peak_flops, gpu.sm_count, s.m, s.n, s.k, s.batch, self._dtype_bytes,
                                      s.accumulate_fp32))
         if op.kind is OpKind.elementwise:
@@ -64,6 +68,24 @@ class CostModel:
             c = op.collective
             return self.collective_time_s(c.kind, c.bytes, Group(c.group_size, 1))
         raise AssertionError(f"no cost model for op kind {op.kind}")
+
+    def _fp8_gemm_time_s(self, s: GemmShape) -> float:
+        """An FP8 GEMM at the fp8 peak and the profile's fp8 efficiencies; C is written in the activation dtype."""
+        gpu, params = self.cluster.gpu, self.profile.gemm_fp8
+        if gpu.peak_tflops.fp8 is None:
+            raise ConfigError(f"{gpu.name} has no FP8 tensor cores; drop the FP8 format or use a Hopper cluster")
+        if params is None:
+            raise ProfileError(f"profile {self.profile.name!r} has no FP8 GEMM block (gemm_fp8); use a profile that "
+                               "has one, such as the published Hopper profiles, or drop the FP8 format")
+        fp8_peak = gpu.peak_tflops.fp8 * 1e12
+        t = float(gemm_time_s(params, fp8_peak, gpu.sm_count, s.m, s.n, s.k, s.batch, FP8_BYTES, s.accumulate_fp32,
+                              output_dtype_bytes=self._dtype_bytes))
+        # FP8 speeds up the tensor-core math and nothing else (launch, epilogue), so no GEMM can beat its
+        # own bf16 time by more than the peak ratio; the two blocks' wave terms are fitted to different
+        # best shapes and could otherwise claim it for shapes that bf16 tiles badly.
+        unscaled = float(gemm_time_s(self.profile.gemm, self.peak_flops, gpu.sm_count, s.m, s.n, s.k, s.batch,
+                                     self._dtype_bytes, s.accumulate_fp32))
+        return max(t, unscaled * self.peak_flops / fp8_peak)
 
     def collective_time_s(self, kind: CollectiveKind, nbytes: int, group: Group) -> float:
         return self.collectives.time_s(kind, nbytes, group)

@@ -1,0 +1,193 @@
+"""``ModelSpec`` from a Hugging Face ``config.json``, read offline (no ``transformers`` needed).
+
+Three families are understood, each by the keys its ``transformers`` config class writes:
+
+- GPT-2 (``GPT2LMHeadModel``): ``n_layer``, ``n_embd``, ``n_head``, ``n_positions``, ``n_inner``
+  (null = 4 x n_embd), ``vocab_size``; LayerNorm, learned positions, biases, tied embeddings.
+- GPT-NeoX (``GPTNeoXForCausalLM``, Pythia): rotary embeddings and an untied output layer. Its
+  parallel residual (attention and MLP both read the layer input) is simulated as the sequential
+  residual of Megatron's GPT: the two branches run one after the other on the GPU either way, and
+  the FLOPs, weights and saved activations are the same; only the second norm's input differs. The
+  partial rotary (``rotary_pct``) is costed as a full one (a memory-bound op of a few microseconds).
+- Llama style (``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``):
+  ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``,
+  ``intermediate_size``, ``vocab_size``, ``max_position_embeddings``, ``tie_word_embeddings``;
+  RMSNorm, SwiGLU, rope, no dropout. ``ModelSpec`` has one switch for linear biases: a config with
+  ``attention_bias`` or ``mlp_bias`` turns it on for every linear layer, and Qwen2's built-in
+  query/key/value bias (h + 2 kv_size parameters a layer) is left out. Mistral's sliding window is
+  not modelled: attention is costed as full causal attention over the whole sequence.
+
+The sequence length is the config's maximum positions unless the caller gives one. A vocabulary
+that is not a multiple of 128 is padded up to one, as Megatron's ``--make-vocab-size-divisible-by
+128`` does (GPT-2's 50,257 becomes 50,304), so that any tensor-parallel size up to 128 divides it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from simulator._io import build, read_mapping
+from simulator.errors import ConfigError
+from simulator.model import ModelSpec, Normalization, PositionEmbedding
+
+VOCAB_DIVISOR = 128  # Megatron's default --make-vocab-size-divisible-by
+
+# architecture (the config's "architectures" entry) -> model_type, for the families understood here
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "GPT2LMHeadModel": "gpt2",
+    "GPTNeoXForCausalLM": "gpt_neox",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+_MISSING = object()
+
+
+class _Config:
+    """Typed access to the config's keys; every failure names the file, the key, the value and the fix."""
+
+    def __init__(self, data: Mapping[str, Any], where: str):
+        self.data, self.where = data, where
+
+    def _get(self, keys: tuple[str, ...], default: Any) -> tuple[str, Any, bool]:
+        """(key, value, found): the first of ``keys`` present and not null, else the default."""
+        for key in keys:
+            if key in self.data and self.data[key] is not None:
+                return key, self.data[key], True
+        if default is _MISSING:
+            raise ConfigError(f"Hugging Face config {self.where} has no {' or '.join(map(repr, keys))}; "
+                              "add it or use the model's original config.json")
+        return keys[0], default, False
+
+    def int(self, *keys: str, default: Any = _MISSING) -> Any:
+        key, value, found = self._get(keys, default)
+        if not found:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"Hugging Face config {self.where} has {key}={value!r}; it must be a positive integer")
+        return value
+
+    def float(self, key: str, default: float) -> float:
+        _, value, _ = self._get((key,), default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ConfigError(f"Hugging Face config {self.where} has {key}={value!r}; a dropout must be in [0, 1)")
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        _, value, _ = self._get((key,), default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"Hugging Face config {self.where} has {key}={value!r}; it must be true or false")
+        return value
+
+
+def _pad_vocab(vocab: int) -> int:
+    return -(-vocab // VOCAB_DIVISOR) * VOCAB_DIVISOR
+
+
+def _gpt2(c: _Config) -> dict[str, Any]:
+    return dict(
+        num_layers=c.int("n_layer"), hidden_size=c.int("n_embd"), num_attention_heads=c.int("n_head"),
+        ffn_hidden_size=c.int("n_inner", default=None), vocab_size=c.int("vocab_size"),
+        seq_length=c.int("n_positions", "n_ctx"),
+        untie_embeddings_and_output_weights=not c.bool("tie_word_embeddings", True),
+        attention_dropout=c.float("attn_pdrop", 0.1), hidden_dropout=c.float("resid_pdrop", 0.1),
+    )
+
+
+def _gpt_neox(c: _Config) -> dict[str, Any]:
+    return dict(
+        num_layers=c.int("num_hidden_layers"), hidden_size=c.int("hidden_size"),
+        num_attention_heads=c.int("num_attention_heads"), ffn_hidden_size=c.int("intermediate_size"),
+        vocab_size=c.int("vocab_size"), seq_length=c.int("max_position_embeddings"),
+        position_embedding_type=PositionEmbedding.rope,
+        untie_embeddings_and_output_weights=not c.bool("tie_word_embeddings", False),
+        add_bias_linear=c.bool("attention_bias", True),
+        attention_dropout=c.float("attention_dropout", 0.0), hidden_dropout=c.float("hidden_dropout", 0.0),
+    )
+
+
+def _llama(c: _Config) -> dict[str, Any]:
+    act = c.data.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise ConfigError(f"Hugging Face config {c.where} has hidden_act={act!r}; a Llama-style MLP is SwiGLU, "
+                          "so only 'silu' is understood")
+    hidden, heads = c.int("hidden_size"), c.int("num_attention_heads")
+    head_dim = c.int("head_dim", default=None)
+    if head_dim is not None and head_dim * heads != hidden:
+        raise ConfigError(f"Hugging Face config {c.where} has head_dim={head_dim}, but hidden_size={hidden} / "
+                          f"num_attention_heads={heads} = {hidden / heads:g}; only head_dim = hidden_size / heads "
+                          "is modelled, remove head_dim or fix it")
+    return dict(
+        num_layers=c.int("num_hidden_layers"), hidden_size=hidden, num_attention_heads=heads,
+        num_query_groups=c.int("num_key_value_heads", default=heads), ffn_hidden_size=c.int("intermediate_size"),
+        vocab_size=c.int("vocab_size"), seq_length=c.int("max_position_embeddings"), swiglu=True,
+        normalization=Normalization.rmsnorm, position_embedding_type=PositionEmbedding.rope,
+        untie_embeddings_and_output_weights=not c.bool("tie_word_embeddings", False),
+        add_bias_linear=c.bool("attention_bias", False) or c.bool("mlp_bias", False),
+        attention_dropout=c.float("attention_dropout", 0.0), hidden_dropout=0.0,
+    )
+
+
+_FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
+    "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama, "mistral": _llama, "qwen2": _llama,
+}
+
+
+def _model_type(data: Mapping[str, Any], where: str) -> str:
+    """The family, from ``architectures`` (what the weights are) or else ``model_type``."""
+    archs = data.get("architectures")
+    if archs is not None:
+        if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
+            raise ConfigError(f"Hugging Face config {where} has architectures={archs!r}; it must be a list of "
+                              "class names such as [\"LlamaForCausalLM\"]")
+        known = [a for a in archs if a in SUPPORTED_ARCHITECTURES]
+        if not known:
+            raise ConfigError(f"Hugging Face config {where} has architectures={archs!r}, which this simulator does "
+                              f"not model; use a config of {', '.join(SUPPORTED_ARCHITECTURES)}, or write the shape "
+                              "as a YAML file of ModelSpec fields")
+        return SUPPORTED_ARCHITECTURES[known[0]]
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or model_type not in _FAMILIES:
+        raise ConfigError(f"Hugging Face config {where} has model_type={model_type!r}, which this simulator does "
+                          f"not model; use one of {', '.join(_FAMILIES)}, or write the shape as a YAML file of "
+                          "ModelSpec fields")
+    return model_type
+
+
+def _name(data: Mapping[str, Any], path: Path) -> str:
+    given = data.get("_name_or_path")
+    if isinstance(given, str) and given.strip("/"):
+        return given.strip("/").split("/")[-1]
+    if path.stem == "config" and path.resolve().parent.name:
+        return path.resolve().parent.name  # .../Llama-2-7b-hf/config.json
+    return path.stem
+
+
+def model_from_hf_config(data: Mapping[str, Any], path: str | Path, *, seq_length: int | None = None) -> ModelSpec:
+    """The ``ModelSpec`` of an already-parsed Hugging Face config; ``path`` is only for names and messages."""
+    path = Path(path)
+    where = repr(str(path))
+    fields = _FAMILIES[_model_type(data, where)](_Config(data, where))
+    fields["vocab_size"] = _pad_vocab(fields["vocab_size"])
+    if seq_length is not None:
+        fields["seq_length"] = seq_length
+    fields["name"] = _name(data, path)
+    try:
+        return build(ModelSpec, fields, f"Hugging Face config {where}")
+    except ConfigError as exc:
+        raise ConfigError(f"Hugging Face config {where}: {exc}") from None
+
+
+def load_hf_config(path: str | Path, *, seq_length: int | None = None) -> ModelSpec:
+    """Read a Hugging Face ``config.json`` (GPT-2, GPT-NeoX or Llama style) into a ``ModelSpec``.
+
+    ``seq_length`` overrides the config's maximum positions (a model trained at 8K tokens may
+    declare 128K). Raises ``ConfigError`` naming the file, the key and the fix for anything else.
+    """
+    path = Path(path)
+    data = read_mapping(path, "Hugging Face config")
+    if "architectures" not in data and "model_type" not in data:
+        raise ConfigError(f"{str(path)!r} has neither 'architectures' nor 'model_type', so it is not a Hugging Face "
+                          "config; pass the model's config.json, or load a ModelSpec file with --model")
+    return model_from_hf_config(data, path, seq_length=seq_length)

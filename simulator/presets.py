@@ -1,0 +1,45 @@
+"""The Llama presets: Llama 2 (Touvron et al. 2023b) and Llama 3 (Dubey et al. 2024), as published.
+
+Each is the shape of the released Hugging Face ``config.json`` with Megatron-LM's names: RMSNorm,
+a SwiGLU MLP, rotary position embeddings, no biases on the linear layers, no dropout, and an output
+layer separate from the word embedding. Llama-2 70B and every Llama-3 model use grouped-query
+attention with 8 key/value heads. Sequence lengths are the pre-training contexts (4,096 for Llama 2,
+8,192 for Llama 3; the 128K of Llama 3.1 comes from a later long-context stage).
+
+Importing ``simulator.model`` registers them in ``PRESETS``.
+"""
+
+from __future__ import annotations
+
+from simulator.model import ModelSpec, Normalization, PositionEmbedding, register_presets
+
+LLAMA2_VOCAB = 32000  # SentencePiece vocabulary (a multiple of 128, so Megatron does not pad it)
+LLAMA3_VOCAB = 128256  # tiktoken-based vocabulary, 1,002 x 128
+
+
+def llama(name: str, *, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int,
+          seq: int) -> ModelSpec:
+    """A Llama-style decoder: RMSNorm, SwiGLU, rope, untied output layer, no biases, no dropout."""
+    return ModelSpec(
+        name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_query_groups=kv_heads,
+        ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq, swiglu=True, normalization=Normalization.rmsnorm,
+        position_embedding_type=PositionEmbedding.rope, untie_embeddings_and_output_weights=True,
+        add_bias_linear=False, attention_dropout=0.0, hidden_dropout=0.0,
+    )
+
+
+# Parameter counts as published (model cards): 6.74B, 13.0B, 69.0B, 8.03B, 70.6B, 405.9B.
+LLAMA_PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        llama("llama2-7b", layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, vocab=LLAMA2_VOCAB, seq=4096),
+        llama("llama2-13b", layers=40, hidden=5120, heads=40, kv_heads=40, ffn=13824, vocab=LLAMA2_VOCAB, seq=4096),
+        llama("llama2-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=LLAMA2_VOCAB, seq=4096),
+        llama("llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=LLAMA3_VOCAB, seq=8192),
+        llama("llama3-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=LLAMA3_VOCAB, seq=8192),
+        llama("llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=LLAMA3_VOCAB,
+              seq=8192),
+    )
+}
+
+register_presets(LLAMA_PRESETS)
