@@ -112,6 +112,7 @@ class LayerTimes:
         return self.backward.duration_s
 
 
+@lru_cache(maxsize=4096)
 def _layer_times(layer: LayerGraph, cost: OpCoster) -> LayerTimes:
     fwd = play([layer.forward], cost)
     rec = play([layer.recompute], cost) if layer.recompute.number_of_nodes() else PhaseTimeline.empty()
@@ -135,8 +136,11 @@ class StageExtraTimes:
 
 
 def extra_times(job: Job, cost: OpCoster) -> StageExtraTimes:
-    emb = embedding_extras(job.model, job.plan)
-    out = output_extras(job.model, job.plan)
+    return _extra_times(embedding_extras(job.model, job.plan), output_extras(job.model, job.plan), cost)
+
+
+@lru_cache(maxsize=4096)
+def _extra_times(emb, out, cost: OpCoster) -> StageExtraTimes:
     return StageExtraTimes(play([emb.forward], cost), play([emb.backward], cost),
                            play([out.forward], cost), play([out.backward], cost))
 

@@ -27,6 +27,8 @@ COMMANDS: dict[str, str] = {
     "reference": "simulator.cli.reference_cmd:reference",
     "validate": "simulator.cli.validate_cmd:validate_cmd",
     "calibrate": "simulator.cli.calibrate_cmd:calibrate_command",
+    "models": "simulator.cli.models_cmd:models_command",
+    "clusters": "simulator.cli.clusters_cmd:clusters_command",
 }
 
 USAGE_EXIT_CODE = 2

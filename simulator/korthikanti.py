@@ -1,0 +1,125 @@
+"""Predicted vs published for Korthikanti et al. 2022 (the checks of the time and memory models).
+
+The published numbers are read from the repository's copy of the paper's tables
+(``calibration/published/korthikanti2022.json``); the predictions come from the same library
+calls users make. Tests gate on these comparisons and the report prints them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from simulator.hardware import load_cluster
+from simulator.model import PRESETS, ModelSpec
+from simulator.plan import Job, ParallelPlan, RecomputeGranularity, RecomputePolicy
+
+CLUSTER = "dgx-a100-80gb"  # Selene: DGX A100 80GB, 8 HDR NICs per node (paper Section 6)
+MODELS = {22: "megatron-22b", 175: "gpt3-175b", 530: "mt-nlg-530b", 1000: "megatron-1t"}
+
+# Table 4 (22B, one layer, 8 GPUs, micro-batch 4): forward / backward ms.
+TABLE4 = {
+    "baseline no recompute": (False, RecomputeGranularity.none, 7.7, 11.9),
+    "sequence parallelism": (True, RecomputeGranularity.none, 7.2, 11.8),
+    "baseline with recompute": (False, RecomputeGranularity.full, 7.7, 19.5),
+    "selective recompute": (False, RecomputeGranularity.selective, 7.7, 13.2),
+    "selective + sequence": (True, RecomputeGranularity.selective, 7.2, 13.1),
+}
+# Section 6.3: 530B with 8-way data parallelism on 2,240 GPUs, 39.15 s per iteration.
+DATA_PARALLEL_POINT = {"model": 530, "data_parallel_size": 8, "iteration_time_s": 39.15}
+
+
+@lru_cache(maxsize=1)
+def published_rows() -> tuple[dict, ...]:
+    path = resources.files("calibration") / "published" / "korthikanti2022.json"
+    return tuple(json.loads(path.read_text()))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    label: str
+    predicted: float
+    published: float
+
+    @property
+    def relative_error(self) -> float:
+        return (self.predicted - self.published) / self.published
+
+
+def model_of(params_b: int) -> ModelSpec:
+    return PRESETS[MODELS[params_b]]
+
+
+def table5_job(row: dict, data_parallel_size: int = 1) -> Job:
+    """The Table 3 configuration of a Table 5 row (no data parallelism unless asked)."""
+    par = row["parallel"]
+    plan = ParallelPlan(
+        tensor_parallel_size=par["tp"],
+        pipeline_parallel_size=par["pp"],
+        data_parallel_size=data_parallel_size,
+        virtual_pipeline_stages=par["virtual_stages"] or 1,
+        sequence_parallel=par["sp"],
+        micro_batch_size=par["micro_batch"],
+        global_batch_size=par["global_batch"] * data_parallel_size,
+        recompute=RecomputePolicy(granularity=par["recompute"]),
+    )
+    return Job(model=model_of(row["model"]["params_b"]), cluster=load_cluster(CLUSTER), plan=plan)
+
+
+def table5_rows() -> list[dict]:
+    return [r for r in published_rows() if r["table"].startswith("Table 3") and "Table 5" in r["table"]]
+
+
+def table5(profile=None) -> list[Comparison]:
+    """All eight Table 5 iteration times (full recompute, and SP + selective)."""
+    from simulator.estimate import estimate
+
+    out = []
+    for row in table5_rows():
+        job = table5_job(row)
+        label = f"{job.model.name} {'SP + selective' if row['parallel']['sp'] else 'full recompute'}"
+        out.append(Comparison(label, estimate(job, profile).iteration_time_s, row["measured"]["iteration_time_s"]))
+    return out
+
+
+def table5_mfu(profile=None) -> list[Comparison]:
+    """MFU of the SP + selective rows (the paper gives MFU only for those)."""
+    from simulator.estimate import estimate
+
+    return [Comparison(f"{model_of(r['model']['params_b']).name} MFU", estimate(table5_job(r), profile).mfu,
+                       r["measured"]["mfu"])
+            for r in table5_rows() if r["measured"]["mfu"] is not None]
+
+
+def data_parallel_point(profile=None) -> Comparison:
+    from simulator.estimate import estimate
+
+    row = next(r for r in table5_rows()
+               if r["model"]["params_b"] == DATA_PARALLEL_POINT["model"] and r["parallel"]["sp"])
+    job = table5_job(row, DATA_PARALLEL_POINT["data_parallel_size"])
+    return Comparison("mt-nlg-530b SP + selective, DP 8 (2,240 GPUs)", estimate(job, profile).iteration_time_s,
+                      DATA_PARALLEL_POINT["iteration_time_s"])
+
+
+def table4_job(sequence_parallel: bool, granularity: RecomputeGranularity) -> Job:
+    plan = ParallelPlan(tensor_parallel_size=8, sequence_parallel=sequence_parallel, micro_batch_size=4,
+                        global_batch_size=4, recompute=RecomputePolicy(granularity=granularity))
+    return Job(model=PRESETS["megatron-22b"], cluster=load_cluster(CLUSTER), plan=plan)
+
+
+def table4(profile=None) -> list[tuple[Comparison, Comparison]]:
+    """(forward, backward) of one 22B layer for each Table 4 row; backward includes recompute."""
+    from simulator.timing import layer_times
+
+    out = []
+    for label, (sp, gran, fwd_ms, bwd_ms) in TABLE4.items():
+        lt = layer_times(table4_job(sp, gran), profile)
+        out.append((Comparison(f"{label} forward", lt.forward_s * 1e3, fwd_ms),
+                    Comparison(f"{label} backward", lt.backward_with_recompute_s * 1e3, bwd_ms)))
+    return out
+
+
+def mean_abs_error(comparisons: list[Comparison]) -> float:
+    return sum(abs(c.relative_error) for c in comparisons) / len(comparisons)

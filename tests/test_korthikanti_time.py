@@ -1,0 +1,51 @@
+"""The time model against Korthikanti et al. 2022, Tables 4 and 5 (DGX A100 80GB, published profile).
+
+Nothing in the profile was set from these tables: they are what the model is checked against.
+"""
+
+import pytest
+
+from simulator import korthikanti as k
+
+
+@pytest.fixture(scope="module")
+def table5():
+    return k.table5()
+
+
+def test_table5_each_iteration_time_within_8_percent(table5):
+    assert len(table5) == 8
+    for c in table5:
+        assert abs(c.relative_error) <= 0.08, f"{c.label}: {c.predicted:.2f} s vs {c.published} s"
+
+
+@pytest.mark.xfail(strict=True, reason="the model is 4-7% optimistic on the SP + selective rows and misses half of "
+                                       "the 2,240-GPU run's data-parallel cost; see reports/validation.md")
+def test_table5_mean_error_and_data_parallel_point():
+    comparisons = k.table5() + [k.data_parallel_point()]
+    assert abs(comparisons[-1].relative_error) <= 0.08
+    assert k.mean_abs_error(comparisons) <= 0.04
+
+
+def test_data_parallel_costs_time(table5):
+    """Adding 8-way data parallelism (with no overlap, as the paper ran it) can only slow the 530B iteration."""
+    single = next(c for c in table5 if c.label == "mt-nlg-530b SP + selective")
+    assert k.data_parallel_point().predicted > single.predicted
+
+
+def test_table4_each_phase_within_10_percent_and_the_order_holds():
+    rows = k.table4()
+    for fwd, bwd in rows:
+        assert abs(fwd.relative_error) <= 0.10, fwd.label
+        assert abs(bwd.relative_error) <= 0.10, bwd.label
+    predicted = [f.predicted + b.predicted for f, b in rows]
+    published = [f.published + b.published for f, b in rows]
+    assert sorted(range(5), key=predicted.__getitem__) == sorted(range(5), key=published.__getitem__)
+
+
+def test_selective_recompute_overhead_is_a_few_percent_and_full_about_a_third():
+    """Section 6.2: full recompute costs ~39% of a 22B layer, selective ~7% (4% with SP)."""
+    (base_f, base_b), _, (full_f, full_b), (sel_f, sel_b), _ = k.table4()
+    base = base_f.predicted + base_b.predicted
+    assert 0.30 <= (full_f.predicted + full_b.predicted) / base - 1 <= 0.45
+    assert 0.0 < (sel_f.predicted + sel_b.predicted) / base - 1 <= 0.10
