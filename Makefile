@@ -1,4 +1,5 @@
-# Two entry points: `make demo` runs the main job, `make test` the test suite.
+# Two entry points: `make demo` runs the main job (the GPT-3 175B / 1,024 A100 plan and its report),
+# `make test` the test suite.
 # Both create (once) a virtual environment with the package installed in editable mode;
 # the stamp file reinstalls it when setup.cfg or pyproject.toml change.
 
@@ -15,9 +16,10 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/simulator memory --model gpt3-175b --cluster dgx-a100-80gb --gpus 1024 \
-		--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 --sequence-parallel \
-		--recompute-granularity selective --micro-batch-size 1 --global-batch-size 1536
+	mkdir -p out
+	$(BIN)/simulator search --model gpt3-175b --cluster dgx-a100-80gb --gpus 1024 --global-batch-size 1536 \
+		--tokens 300e9 --pareto out/pareto_gpt3_175b.png --trace out/best_plan_trace.json
+	$(BIN)/simulator report --out out/report
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

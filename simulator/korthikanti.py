@@ -123,3 +123,78 @@ def table4(profile=None) -> list[tuple[Comparison, Comparison]]:
 
 def mean_abs_error(comparisons: list[Comparison]) -> float:
     return sum(abs(c.relative_error) for c in comparisons) / len(comparisons)
+
+
+# --- Figures 1 and 7 (digitized in the repo's korthikanti2022.md) -----------------------------------
+
+FIGURE_NAMES = {"22B": "megatron-22b", "175B": "gpt3-175b", "530B": "mt-nlg-530b", "1T": "megatron-1t"}
+FIGURE7_STRATEGIES = (("+ sequence parallel", True, "none"), ("+ selective recompute", False, "selective"),
+                      ("+ SP + selective", True, "selective"), ("full recompute", False, "full"))
+
+
+def digitized_table(heading: str) -> dict[str, list[float]]:
+    """The rows (22B, 175B, 530B, 1T) of the Markdown table under ``heading`` in korthikanti2022.md."""
+    import re
+
+    text = (resources.files("calibration") / "published" / "korthikanti2022.md").read_text()
+    block = text[text.index(heading):]
+    rows: dict[str, list[float]] = {}
+    for line in block.splitlines()[1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] in FIGURE_NAMES:
+            rows[cells[0]] = [float(re.sub(r"[^0-9.]", "", c)) for c in cells[1:]]
+        elif rows and not line.startswith("|"):
+            break
+    assert set(rows) == set(FIGURE_NAMES), f"could not read the table under {heading!r}"
+    return rows
+
+
+def _first_stage_layer_bytes(job: Job) -> float:
+    from simulator.memory import memory_plan
+
+    s0 = memory_plan(job).stages[0]
+    return (s0.activations_bytes - s0.extra_activations_bytes) / (s0.in_flight * job.layers_per_chunk[0])
+
+
+def _with(job: Job, sequence_parallel: bool, granularity: str) -> Job:
+    plan = job.plan.model_copy(update={"sequence_parallel": sequence_parallel,
+                                       "recompute": RecomputePolicy(granularity=granularity)})
+    return Job(model=job.model, cluster=job.cluster, plan=ParallelPlan.model_validate(plan.model_dump()))
+
+
+def _table3(params_b: int) -> Job:
+    row = next(r for r in table5_rows() if r["model"]["params_b"] == params_b and not r["parallel"]["sp"])
+    return _with(table5_job(row), False, "none")
+
+
+def figure7() -> list[Comparison]:
+    """Per-layer activation memory relative to the TP baseline (%), each strategy of Figure 7."""
+    digitized = digitized_table("Figure 7 –")
+    out = []
+    for label, name in FIGURE_NAMES.items():
+        base_job = _table3({v: k for k, v in MODELS.items()}[name])
+        base = _first_stage_layer_bytes(base_job)
+        for (what, sp, g), published in zip(FIGURE7_STRATEGIES, digitized[label]):
+            out.append(Comparison(f"{label} {what}", 100 * _first_stage_layer_bytes(_with(base_job, sp, g)) / base,
+                                  published))
+    return out
+
+
+def figure1() -> list[Comparison]:
+    """Per-GPU GiB: params + optimizer (a stage without the embedding, 18 bytes per parameter) and the
+    first stage's activations, baseline (TP) and present work (SP + selective). Figure 1's "GB" are GiB."""
+    from simulator.memory import memory_plan
+    from simulator.units import gib
+
+    digitized = digitized_table("Figure 1 –")
+    out = []
+    for label, name in FIGURE_NAMES.items():
+        base_job = _table3({v: k for k, v in MODELS.items()}[name])
+        base = memory_plan(base_job).stages
+        present = memory_plan(_with(base_job, True, "selective")).stages
+        st = base[1] if len(base) > 1 else base[0]
+        params_opt, act_base, _, act_present, _ = digitized[label]
+        out += [Comparison(f"{label} params + optimizer", gib(st.weights_bytes + st.gradients_bytes + st.optimizer_bytes), params_opt),
+                Comparison(f"{label} activations, baseline", gib(base[0].activations_bytes), act_base),
+                Comparison(f"{label} activations, SP + selective", gib(present[0].activations_bytes), act_present)]
+    return out

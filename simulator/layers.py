@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import networkx as nx
 
-from simulator.model import ModelSpec, Normalization, PositionEmbedding
+from simulator.model import ModelSpec, PositionEmbedding
 from simulator.plan import ParallelPlan, Precision, RecomputeGranularity
 
 CORE_ATTENTION = "core_attention"  # the region selective recompute replays (Korthikanti Section 5)
@@ -372,7 +372,7 @@ def _backward(model: ModelSpec, plan: LayerKey, dm: _Dims, fwd: nx.DiGraph) -> n
     last = _backward_linear(g, "fc2", ops["fc2"].gemm, dm, column_parallel=False, after=g.last,
                             bias=model.add_bias_linear)
     g.last = g.add(_elementwise(f"{'swiglu' if model.swiglu else 'gelu'}.backward", tokens * dm.mlp_in, 2, 1, ab),
-                   after=(f"fc2.dgrad",))
+                   after=("fc2.dgrad",))
     last = _backward_linear(g, "fc1", ops["fc1"].gemm, dm, column_parallel=True, after=g.last,
                             bias=model.add_bias_linear)
     g.add(_norm_backward("pre_mlp_norm", n_local, ab), after=(last,))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
 
 class Phase(str, Enum):
@@ -94,6 +95,7 @@ def interleaved_one_f_one_b(num_stages: int, num_micro_batches: int, virtual_sta
     return tuple(stages)
 
 
+@lru_cache(maxsize=64)
 def build_schedule(num_stages: int, num_micro_batches: int, virtual_stages: int = 1, kind: str = "1f1b") -> Schedule:
     if kind == "gpipe":
         return gpipe(num_stages, num_micro_batches)

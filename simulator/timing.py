@@ -146,7 +146,6 @@ def _extra_times(emb, out, cost: OpCoster) -> StageExtraTimes:
 
 
 def _default_cost(job: Job, profile):
-    from simulator.costs import build_cost_model
     from simulator.profile import default_profile, load_profile
 
     if profile is None:

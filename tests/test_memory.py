@@ -4,13 +4,13 @@ pipeline schedules it claims to summarise, and the invariants any memory model m
 from __future__ import annotations
 
 import math
-import re
 from fractions import Fraction
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
+from simulator import korthikanti
 from simulator.cli.options import job_from_options
 from simulator.errors import SimulatorError
 from simulator.hardware import load_cluster
@@ -36,7 +36,7 @@ TABLE3 = {
     "mt-nlg-530b": (8, 35, 280, 1, 3),
     "megatron-1t": (8, 64, 512, 1, 1),
 }
-FIGURE_NAMES = {"22B": "megatron-22b", "175B": "gpt3-175b", "530B": "mt-nlg-530b", "1T": "megatron-1t"}
+FIGURE_NAMES = korthikanti.FIGURE_NAMES
 
 
 def job(model: str | ModelSpec, **plan) -> Job:
@@ -185,59 +185,33 @@ def test_extras_pipelined():
 
 # --- Figures 7 and 1 (digitized values from the repo's copy of the paper data) --------------------------
 
-def _md_table(published_dir, heading: str) -> dict[str, list[float]]:
-    text = (published_dir / "korthikanti2022.md").read_text()
-    block = text[text.index(heading):]
-    rows = {}
-    for line in block.splitlines()[1:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and cells[0] in FIGURE_NAMES:
-            rows[cells[0]] = [float(re.sub(r"[^0-9.]", "", c)) for c in cells[1:]]
-        elif rows and not line.startswith("|"):
-            break
-    assert set(rows) == set(FIGURE_NAMES), f"could not read the table under {heading!r}"
-    return rows
+@pytest.mark.parametrize("label", list(FIGURE_NAMES))
+def test_figure7_ratios_within_half_a_point(label):
+    """Activation memory relative to the TP baseline: SP, selective, SP + selective, full recompute."""
+    rows = [c for c in korthikanti.figure7() if c.label.split()[0] == label]
+    assert len(rows) == 4
+    for c in rows:
+        assert abs(c.predicted - c.published) <= 0.5, c
 
 
 @pytest.mark.parametrize("label", list(FIGURE_NAMES))
-def test_figure7_ratios_within_half_a_point(published_dir, label):
-    """Activation memory relative to the TP baseline: SP, selective, SP + selective, full recompute."""
-    digitized = _md_table(published_dir, "Figure 7 –")[label]
-    name = FIGURE_NAMES[label]
-    base = layer_activation_bytes(table3_job(name))
-    ours = [
-        100 * layer_activation_bytes(table3_job(name, **cfg)) / base
-        for cfg in (dict(sp=True), dict(recompute="selective"), dict(sp=True, recompute="selective"),
-                    dict(recompute="full"))
-    ]
-    for got, want in zip(ours, digitized):
-        assert abs(float(got) - want) <= 0.5, (label, [round(float(x), 2) for x in ours], digitized)
-
-
-def _fig1_model(name: str) -> tuple[float, float, float]:
-    """(params+optimizer, baseline activations, present-work activations) in GiB.
+def test_figure1_memory(label):
+    """Activations within 3% and params+optimizer within 5% of Figure 1 (whose "GB" are GiB).
 
     Figure 1's params+optimizer bar is reproduced by a stage *without* the embedding (stage 1 when
     p > 1; the only stage for the 22B model, p = 1) at 18 bytes per parameter: 2 (bf16 weight) +
     4 (fp32 gradient) + 12 (fp32 master weight, Adam m and v), no distributed optimizer. The
     activation bars are the first stage (the peak), with the interleaving factor for 175B/530B.
     """
-    base = memory_plan(table3_job(name)).stages
-    present = memory_plan(table3_job(name, sp=True, recompute="selective")).stages
-    st = base[1] if len(base) > 1 else base[0]
-    params_opt = (st.weights_bytes + st.gradients_bytes + st.optimizer_bytes) / GIB
+    params_opt, act_base, act_present = [c for c in korthikanti.figure1() if c.label.split()[0] == label]
+    assert abs(params_opt.relative_error) <= 0.05, params_opt
+    assert abs(act_base.relative_error) <= 0.03, act_base
+    assert abs(act_present.relative_error) <= 0.03, act_present
+
+
+def test_figure1_params_are_18_bytes_per_parameter():
+    st = memory_plan(table3_job("gpt3-175b")).stages[1]
     assert st.weights_bytes + st.gradients_bytes + st.optimizer_bytes == 18 * st.parameters
-    return params_opt, base[0].activations_bytes / GIB, present[0].activations_bytes / GIB
-
-
-@pytest.mark.parametrize("label", list(FIGURE_NAMES))
-def test_figure1_memory(published_dir, label):
-    """Activations within 3% and params+optimizer within 5% of Figure 1 (whose "GB" are GiB)."""
-    params_opt, act_base, _, act_present, _ = _md_table(published_dir, "Figure 1 –")[label]
-    ours = _fig1_model(FIGURE_NAMES[label])
-    assert ours[0] == pytest.approx(params_opt, rel=0.05)
-    assert ours[1] == pytest.approx(act_base, rel=0.03)
-    assert ours[2] == pytest.approx(act_present, rel=0.03)
 
 
 # --- weights, gradients and optimizer ------------------------------------------------------------------

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "memory": "simulator.cli.memory_cmd:memory",
     "plan": "simulator.cli.plan_cmd:plan_command",
     "search": "simulator.cli.search_cmd:search_command",
+    "report": "simulator.cli.report_cmd:report_command",
     "reference": "simulator.cli.reference_cmd:reference",
     "validate": "simulator.cli.validate_cmd:validate_cmd",
     "calibrate": "simulator.cli.calibrate_cmd:calibrate_command",

@@ -59,6 +59,8 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
      dict(is_flag=True, default=False, help="Fused attention that never stores the s x s scores.")),
     (("--overlap-grad-reduce", "overlap_grad_reduce"),
      dict(is_flag=True, default=False, help="Overlap the DP gradient reduction with the backward pass.")),
+    (("--allow-tp-across-nodes", "allow_tp_across_nodes"),
+     dict(is_flag=True, default=False, help="Accept tensor parallelism wider than a node (slow: TP over the network).")),
     (("--overlap-p2p-communication", "overlap_p2p_comm"),
      dict(is_flag=True, default=False,
           help="Pipeline sends run beside compute (default: Megatron's blocking send/receive exchange).")),
@@ -126,6 +128,7 @@ def job_from_options(**kwargs: Any) -> Job:
         "use_flash_attention": o.get("use_flash_attention", False),
         "overlap_grad_reduce": o.get("overlap_grad_reduce", False),
         "overlap_p2p_comm": o.get("overlap_p2p_comm", False),
+        "allow_tp_across_nodes": o.get("allow_tp_across_nodes", False),
     }, "plan")
     return build(Job, {"model": model, "cluster": cluster, "plan": plan}, "job")
 

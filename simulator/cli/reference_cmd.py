@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -34,6 +33,7 @@ def reference(device: str, iterations: int, out: Path, seed: int, **options: Any
         # CPU runs are fp32 on the local-cpu cluster unless the user said otherwise
         if ctx.get_parameter_source("cluster") is ParameterSource.DEFAULT:
             options["cluster"] = CPU_CLUSTER
+            options["allow_tp_across_nodes"] = True  # local-cpu: every rank is a node of its own
         if ctx.get_parameter_source("precision") is ParameterSource.DEFAULT:
             options["precision"] = Precision.fp32.value
     job = job_from_options(**options)

@@ -57,9 +57,11 @@ def _describe(plan) -> str:
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME", help="Hardware profile.")
 @click.option("--pareto", "pareto_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Save the throughput vs peak-memory scatter with its Pareto front (PNG).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the best plan's iteration as a Chrome trace-event JSON (Perfetto).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print machine-readable JSON.")
 def search_command(model, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, sp, recompute, dopt,
-                   precision, flash, overlap, profile_path, pareto_path, as_json):
+                   precision, flash, overlap, profile_path, pareto_path, trace_path, as_json):
     """Search every valid plan (TP, PP, virtual stages, micro-batch, SP, recompute, distributed optimizer)
     for the fastest that fits in GPU memory."""
     from simulator.export import megatron_args, nemo_yaml
@@ -99,6 +101,11 @@ def search_command(model, cluster, gpus, global_batch_size, tokens, top, tp, pp,
 
         pareto_figure(result, req.cluster.gpu.memory_bytes,
                       f"{req.model.name}, {gpus} x {req.cluster.gpu.name}, global batch {global_batch_size}", pareto_path)
+    if trace_path is not None:
+        from simulator.estimate import simulate_job
+        from simulator.trace import write_trace
+
+        write_trace(simulate_job(job, profile, tokens, record=True), job, trace_path)
     if as_json:
         doc = {
             "plans": [{"rank": r.rank, "screen_time_s": r.screen_time_s,
@@ -126,3 +133,5 @@ def search_command(model, cluster, gpus, global_batch_size, tokens, top, tp, pp,
     click.echo("\nNeMo config fragment:\n" + nemo_yaml(job))
     if pareto_path is not None:
         click.echo(f"Pareto figure written to {pareto_path}")
+    if trace_path is not None:
+        click.echo(f"trace of the best plan written to {trace_path} (open it in https://ui.perfetto.dev)")

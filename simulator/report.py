@@ -1,0 +1,354 @@
+"""`simulator report`: regenerate the committed reports/ from the code and data in the repository.
+
+Every number in the Markdown is computed here, from the published profile and the published
+tables in calibration/published/; every figure's plotted data is also written as JSON beside
+it (reports/data/), so a test can check that a fresh run reproduces the committed report
+without depending on the PNG encoder. Nothing in the output carries a timestamp.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from simulator import korthikanti as k
+from simulator.estimate import Estimate, estimate, simulate_job
+from simulator.hardware import load_cluster
+from simulator.layers import transformer_layer
+from simulator.memory import memory_plan
+from simulator.model import PRESETS
+from simulator.plan import Job, ParallelPlan, RecomputeGranularity, RecomputePolicy
+from simulator.search import SearchPins, SearchRequest, SearchResult, search
+from simulator.timing import layer_times
+from simulator.units import gib
+
+TOKENS = 300e9
+ARTICLE_SPACE = SearchPins(virtual_pipeline_stages=1, use_distributed_optimizer=False)
+SEARCH_ALONE = SearchPins(virtual_pipeline_stages=1, use_distributed_optimizer=False, sequence_parallel=False,
+                          recompute_granularity=RecomputeGranularity.full)
+COMMAND = "simulator report --out reports"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A model on a realistic cluster, with its 2021-style standard configuration."""
+
+    model: str
+    gpus: int
+    global_batch_size: int
+    standard_pp: int
+    why: str
+
+
+SCENARIOS = (
+    Scenario("gpt3-175b", 1024, 1536, 16, "the article's headline: 128 DGX A100, global batch 1,536"),
+    Scenario("megatron-22b", 256, 512, 1, "32 DGX A100, global batch 512 (1M tokens)"),
+    Scenario("mt-nlg-530b", 2240, 1920, 35, "MT-NLG's 280 DGX A100 and global batch 1,920"),
+    Scenario("megatron-1t", 3072, 3072, 64, "Narayanan et al. 2021: 384 DGX A100, global batch 3,072"),
+)
+GPU_COUNTS = (128, 256, 512, 1024, 2048, 4096)
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+def _describe(plan: ParallelPlan) -> str:
+    r = plan.recompute
+    rec = r.granularity.value + (f" ({r.method.value}, {r.num_layers})" if r.granularity is RecomputeGranularity.full else "")
+    return (f"TP {plan.tensor_parallel_size}, PP {plan.pipeline_parallel_size}"
+            + (f" x{plan.virtual_pipeline_stages}" if plan.interleaved else "")
+            + f", DP {plan.data_parallel_size}, mbs {plan.micro_batch_size}, SP {'on' if plan.sequence_parallel else 'off'}, "
+            + f"recompute {rec}" + (", distributed optimizer" if plan.use_distributed_optimizer else ""))
+
+
+def standard_plan(s: Scenario) -> ParallelPlan:
+    """Megatron-LM's 2021 GPT-3 example: TP 8, micro-batch 1, full recompute, no SP, no interleaving."""
+    return ParallelPlan(tensor_parallel_size=8, pipeline_parallel_size=s.standard_pp,
+                        data_parallel_size=s.gpus // (8 * s.standard_pp), micro_batch_size=1,
+                        global_batch_size=s.global_batch_size, recompute=RecomputePolicy(granularity="full"))
+
+
+def _search(s: Scenario, pins: SearchPins, top: int = 1) -> SearchResult:
+    req = SearchRequest(model=PRESETS[s.model], cluster=load_cluster(k.CLUSTER), num_gpus=s.gpus,
+                        global_batch_size=s.global_batch_size, pins=pins)
+    return search(req, tokens=TOKENS, top=top)
+
+
+@dataclass
+class Decomposition:
+    scenario: Scenario
+    standard: Estimate
+    standard_plan: ParallelPlan
+    search_alone: SearchResult
+    article_best: SearchResult
+    full_space: SearchResult
+
+    @property
+    def search_gain(self) -> float:
+        return self.standard.iteration_time_s / self.search_alone.best.estimate.iteration_time_s - 1
+
+    @property
+    def sp_sar_gain(self) -> float:
+        return self.search_alone.best.estimate.iteration_time_s / self.article_best.best.estimate.iteration_time_s - 1
+
+
+def decompose(s: Scenario) -> Decomposition:
+    plan = standard_plan(s)
+    std = estimate(Job(model=PRESETS[s.model], cluster=load_cluster(k.CLUSTER), plan=plan), tokens=TOKENS)
+    return Decomposition(s, std, plan, _search(s, SEARCH_ALONE), _search(s, ARTICLE_SPACE), _search(s, SearchPins()))
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _headline(decs: list[Decomposition]) -> tuple[list[str], dict]:
+    d = decs[0]
+    best = d.article_best.best
+    lines = [
+        "## 1. The headline: GPT-3 175B on 1,024 A100-80GB",
+        "",
+        f"300B tokens, global batch {d.scenario.global_batch_size}, DGX A100 80GB nodes (`dgx-a100-80gb`), the "
+        "published A100 profile. The article: **about 24 days** with NeMo Megatron's 2022 update (34 days before).",
+        "",
+    ]
+    rows = [
+        ["standard configuration of 2021", _describe(d.standard_plan), f"{d.standard.iteration_time_s:.2f}",
+         f"{d.standard.mfu * 100:.1f}%", f"{d.standard.training_days:.1f}"],
+        ["search alone (SP off, full recompute, any checkpointed layers)", _describe(d.search_alone.best.plan),
+         f"{d.search_alone.best.estimate.iteration_time_s:.2f}", f"{d.search_alone.best.estimate.mfu * 100:.1f}%",
+         f"{d.search_alone.best.estimate.training_days:.1f}"],
+        ["**best plan, the article's search space** (DP, TP, PP, SP, micro-batch, recompute)", _describe(best.plan),
+         f"{best.estimate.iteration_time_s:.2f}", f"{best.estimate.mfu * 100:.1f}%",
+         f"**{best.estimate.training_days:.1f}**"],
+        ["best plan, full space (+ interleaving, distributed optimizer)", _describe(d.full_space.best.plan),
+         f"{d.full_space.best.estimate.iteration_time_s:.2f}", f"{d.full_space.best.estimate.mfu * 100:.1f}%",
+         f"{d.full_space.best.estimate.training_days:.1f}"],
+    ]
+    lines += _table(["plan", "layout", "iteration (s)", "MFU", "days"], rows)
+    lines += [
+        "",
+        f"- Predicted **{best.estimate.training_days:.1f} days** against the article's 24 "
+        f"({_pct(best.estimate.training_days / 24 - 1)}); the standard configuration takes "
+        f"{d.standard.training_days:.1f} days against the article's earlier 34 ({_pct(d.standard.training_days / 34 - 1)}).",
+        f"- The search alone is {d.search_gain * 100:.0f}% faster than the standard configuration (article: 20-30%); "
+        f"SP + selective recompute add {d.sp_sar_gain * 100:.0f}% on top (article: 10-20% for models above 20B).",
+        "- The full space also varies interleaving and the distributed optimizer, which NeMo's 2022 tool did not "
+        f"search; it reaches {d.full_space.best.estimate.training_days:.1f} days. The model is a few percent "
+        "optimistic against Korthikanti's measurements (section 2), so these are lower bounds by about that much.",
+        f"- Search: {d.full_space.enumerated} plans enumerated, {d.full_space.pruned_memory} pruned by memory, "
+        f"{len(d.full_space.screened)} screened in closed form, {d.full_space.simulated} simulated.",
+        "",
+        "![throughput vs memory](figures/pareto_gpt3_175b.png)",
+        "",
+    ]
+    data = {"standard_days": d.standard.training_days, "search_alone_days": d.search_alone.best.estimate.training_days,
+            "best_days": best.estimate.training_days, "full_space_days": d.full_space.best.estimate.training_days}
+    return lines, data
+
+
+def _decomposition_table(decs: list[Decomposition]) -> list[str]:
+    lines = ["### The same decomposition for the other Korthikanti models", ""]
+    rows = []
+    for d in decs:
+        s = d.scenario
+        rows.append([s.model, f"{s.gpus:,} ({s.why})", f"{d.standard.training_days:.1f}",
+                     f"{d.search_alone.best.estimate.training_days:.1f}", f"{d.article_best.best.estimate.training_days:.1f}",
+                     f"+{d.search_gain * 100:.0f}%", f"+{d.sp_sar_gain * 100:.0f}%",
+                     _describe(d.article_best.best.plan)])
+    lines += _table(["model", "GPUs", "standard (days)", "search alone", "+ SP + SAR", "search gain",
+                     "SP + SAR gain", "best plan"], rows)
+    lines += ["", "Days are for 300B tokens. Article: 20-30% from the tool, 10-20% more from SP + SAR above 20B.", ""]
+    return lines
+
+
+def _validation(sp_backward_gap: float) -> tuple[list[str], dict]:
+    t5 = k.table5()
+    dp = k.data_parallel_point()
+    mfu = k.table5_mfu()
+    t4 = k.table4()
+    lines = ["## 2. Validation against Korthikanti et al. 2022", "",
+             "### Table 5: iteration time (s), no data parallelism, configurations of Table 3", ""]
+    lines += _table(["configuration", "published", "predicted", "error"],
+                    [[c.label, f"{c.published:.2f}", f"{c.predicted:.2f}", _pct(c.relative_error)] for c in t5 + [dp]])
+    single = next(c for c in t5 if c.label == "mt-nlg-530b SP + selective")
+    dp_ratio = (dp.published - single.published) / (dp.predicted - single.predicted)
+    sp_rows = [c for c in t5 if "SP" in c.label]
+    lines += ["", f"Mean absolute error {k.mean_abs_error(t5) * 100:.1f}% over the eight rows, "
+              f"{k.mean_abs_error(t5 + [dp]) * 100:.1f}% with the 2,240-GPU point; the issue's gate is 4% mean and 8% "
+              f"per row. The SP + selective rows are the optimistic ones ({_pct(min(c.relative_error for c in sp_rows))} "
+              f"to {_pct(max(c.relative_error for c in sp_rows))}): Figure 8 below shows the model's forward and recompute "
+              f"shares on the paper's, and its SP backward {sp_backward_gap:.1f} points of the layer short on average. "
+              f"Going from 280 to 2,240 GPUs cost the paper's run {dp_ratio:.1f}x the data-parallel time the model "
+              "predicts from one HDR NIC per GPU (no overlap, as the paper ran it).", "",
+              "MFU of the SP + selective rows:", ""]
+    lines += _table(["model", "published", "predicted"], [[c.label, f"{c.published * 100:.1f}%", f"{c.predicted * 100:.1f}%"] for c in mfu])
+    lines += ["", "### Table 4: one 22B layer (ms), forward and backward (recompute included)", ""]
+    lines += _table(["experiment", "forward pub.", "forward pred.", "error", "backward pub.", "backward pred.", "error"],
+                    [[f.label.rsplit(" ", 1)[0], f"{f.published}", f"{f.predicted:.2f}", _pct(f.relative_error),
+                      f"{b.published}", f"{b.predicted:.2f}", _pct(b.relative_error)] for f, b in t4])
+    lines.append("")
+    data = {"table5": {c.label: c.predicted for c in t5 + [dp]},
+            "table4": {f.label: [f.predicted, b.predicted] for f, b in t4}}
+    return lines, data
+
+
+def _table3_layer_job(name: str, sequence_parallel: bool, granularity: str) -> Job:
+    """One layer of a Korthikanti model at its Table 3 micro-batch (4 for 22B, else 1), TP 8."""
+    b = 4 if name == "megatron-22b" else 1
+    plan = ParallelPlan(tensor_parallel_size=8, sequence_parallel=sequence_parallel, micro_batch_size=b,
+                        global_batch_size=b, recompute=RecomputePolicy(granularity=granularity))
+    return Job(model=PRESETS[name], cluster=load_cluster(k.CLUSTER), plan=plan)
+
+
+def _figures_1_and_7() -> tuple[list[str], dict]:
+    f7, f1 = k.figure7(), k.figure1()
+    lines = ["### Figure 7: activation memory per layer, % of the tensor-parallel baseline (digitized, ±0.3 points)", ""]
+    lines += _table(["model and strategy", "published", "predicted", "difference (points)"],
+                    [[c.label, f"{c.published:.1f}", f"{c.predicted:.2f}", f"{c.predicted - c.published:+.2f}"] for c in f7])
+    lines += ["", "### Figure 1: memory per GPU (GiB; the figure's \"GB\" are GiB, digitized ±0.5)", "",
+              "Params + optimizer: a stage without the embedding at 18 bytes per parameter (2 bf16 weight, 4 fp32 "
+              "gradient, 12 fp32 master weight and Adam moments). Activations: the first stage, which holds the most "
+              "micro-batches in flight.", ""]
+    lines += _table(["model and quantity", "published", "predicted", "error"],
+                    [[c.label, f"{c.published:.1f}", f"{c.predicted:.2f}", _pct(c.relative_error)] for c in f1])
+    lines.append("")
+    return lines, {"figure7": {c.label: c.predicted for c in f7}, "figure1": {c.label: c.predicted for c in f1}}
+
+
+def _figure8() -> tuple[list[str], dict]:
+    digitized = {"megatron-22b": ((39.1, 60.7, 40.8), (36.7, 60.5, 6.9)), "gpt3-175b": ((36.7, 63.1, 38.6), (35.6, 64.0, 3.9)),
+                 "mt-nlg-530b": ((34.3, 65.6, 35.5), (33.3, 66.3, 2.1)), "megatron-1t": ((34.9, 64.9, 36.5), (34.0, 66.9, 1.8))}
+    rows, data, gaps = [], {}, []
+    for name, (full_pub, present_pub) in digitized.items():
+        def lt(sp: bool, g: str, name=name):
+            return layer_times(_table3_layer_job(name, sp, g))
+
+        base = lt(False, "none")
+        total = base.forward_s + base.backward_s
+        for label, (sp, g), pub in (("full recompute", (False, "full"), full_pub), ("SP + selective", (True, "selective"), present_pub)):
+            x = lt(sp, g)
+            ours = (x.forward_s / total * 100, x.backward_s / total * 100, (x.backward_with_recompute_s - x.backward_s) / total * 100)
+            data[f"{name} {label}"] = ours
+            if sp:
+                gaps.append(pub[1] - ours[1])  # backward share, published minus predicted
+            rows.append([name, label] + [f"{p:.1f} / {o:.1f}" for p, o in zip(pub, ours)])
+    data["sp_backward_gap"] = sum(gaps) / len(gaps)
+    lines = ["### Figure 8: per-layer forward / backward / recompute, % of the baseline layer (published / predicted)", "",
+             "The paper's bars are digitized (about ±0.5 points).", ""]
+    lines += _table(["model", "configuration", "forward", "backward", "recompute"], rows)
+    lines.append("")
+    return lines, data
+
+
+def _claims() -> tuple[list[str], dict]:
+    lines = ["## 3. The article's memory and recompute claims", ""]
+    rows, data = [], {}
+    for name in ("megatron-22b", "gpt3-175b", "mt-nlg-530b", "megatron-1t"):
+        def saved(sp: bool, g: str, name=name) -> int:
+            job = _table3_layer_job(name, sp, g)
+            return transformer_layer(job.model, job.plan).activation_bytes(job.plan.recompute.granularity)
+
+        base, both = saved(False, "none"), saved(True, "selective")
+        ref = layer_times(_table3_layer_job(name, False, "none"))
+        full = layer_times(_table3_layer_job(name, False, "full"))
+        sel = layer_times(_table3_layer_job(name, True, "selective"))
+        ref_s = ref.forward_s + ref.backward_s
+        full_over = full.recompute_s / ref_s
+        sel_over = sel.recompute_s / ref_s
+        data[name] = {"activation_reduction": base / both, "full_overhead": full_over, "selective_overhead": sel_over}
+        rows.append([name, f"{base / both:.1f}x", f"{full_over * 100:.0f}%", f"{sel_over * 100:.1f}%"])
+    lines += _table(["model", "activation memory, TP baseline / (SP + selective)", "recompute overhead, full",
+                     "recompute overhead, SP + selective"], rows)
+    lines += ["", "Article: about **5x** less activation memory, recompute overhead from **36% to 2%** for the largest "
+              "models. Overheads are the recompute time over one layer's forward + backward without recompute.", ""]
+    return lines, data
+
+
+def _memory_section(figdir: Path) -> tuple[list[str], dict]:
+    from simulator.plots import memory_breakdown_figure
+
+    strategies = (("no recompute", False, "none"), ("SP", True, "none"), ("selective", False, "selective"),
+                  ("SP + selective", True, "selective"), ("full", False, "full"))
+    data: dict = {}
+    for name in ("megatron-22b", "gpt3-175b", "mt-nlg-530b", "megatron-1t"):
+        row = next(r for r in k.table5_rows() if r["model"]["params_b"] == {"megatron-22b": 22, "gpt3-175b": 175,
+                                                                            "mt-nlg-530b": 530, "megatron-1t": 1000}[name])
+        data[name] = {}
+        for label, sp, g in strategies:
+            base = k.table5_job(row)
+            plan = base.plan.model_copy(update={"sequence_parallel": sp, "recompute": RecomputePolicy(granularity=g)})
+            mem = memory_plan(Job(model=base.model, cluster=base.cluster, plan=plan))
+            st = mem.stages[0]
+            data[name][label] = {"weights+grads+optimizer": gib(st.weights_bytes + st.gradients_bytes + st.optimizer_bytes),
+                                 "activations": gib(st.activations_bytes), "transient+reserve": gib(st.transient_bytes + st.reserve_bytes)}
+    memory_breakdown_figure(data, 80, figdir / "memory_breakdown.png")
+    lines = ["## 4. Memory per GPU by strategy (first pipeline stage, Table 3 configurations)", "",
+             "![memory breakdown](figures/memory_breakdown.png)", ""]
+    rows = [[name, label, f"{v['weights+grads+optimizer']:.1f}", f"{v['activations']:.1f}",
+             f"{sum(v.values()):.1f}"] for name, d in data.items() for label, v in d.items()]
+    lines += _table(["model", "strategy", "weights+grads+optimizer (GiB)", "activations (GiB)", "peak (GiB)"], rows)
+    lines.append("")
+    return lines, data
+
+
+def _scaling(figdir: Path) -> tuple[list[str], dict]:
+    from simulator.plots import days_vs_gpus_figure
+
+    model = PRESETS["gpt3-175b"]
+    points = []
+    for n in GPU_COUNTS:
+        s = Scenario("gpt3-175b", n, 1536, 16, "")
+        best = _search(s, ARTICLE_SPACE).best
+        points.append((n, best.estimate.training_days, _describe(best.plan), best.estimate.mfu))
+    days_vs_gpus_figure([(n, d) for n, d, _, _ in points], model.name, figdir / "days_vs_gpus.png")
+    lines = ["## 6. Training days vs GPU count (GPT-3 175B, 300B tokens, global batch 1,536, best plan at each size)", "",
+             "![days vs GPUs](figures/days_vs_gpus.png)", ""]
+    lines += _table(["A100 GPUs", "days", "MFU", "best plan"], [[f"{n:,}", f"{d:.1f}", f"{m * 100:.1f}%", p] for n, d, p, m in points])
+    lines.append("")
+    return lines, {str(n): d for n, d, _, _ in points}
+
+
+def generate(out: Path) -> dict:
+    """Write reports/README.md, its figures and their data; return the data."""
+    from simulator.plots import gantt_figure, pareto_figure
+
+    figdir = out / "figures"
+    figdir.mkdir(parents=True, exist_ok=True)
+    decs = [decompose(s) for s in SCENARIOS]
+    head, head_data = _headline(decs)
+    d0 = decs[0]
+    pareto_figure(d0.full_space, d0.full_space.best.estimate.memory.capacity_bytes,
+                  "GPT-3 175B, 1,024 x A100-80GB, global batch 1,536", figdir / "pareto_gpt3_175b.png")
+    f8, f8_data = _figure8()
+    val, val_data = _validation(sp_backward_gap=f8_data.pop("sp_backward_gap"))
+    figs, figs_data = _figures_1_and_7()
+    claims, claims_data = _claims()
+    mem, mem_data = _memory_section(figdir)
+    best_job = Job(model=PRESETS["gpt3-175b"], cluster=load_cluster(k.CLUSTER), plan=d0.article_best.best.plan)
+    sim = simulate_job(best_job, record=True)
+    gantt_figure(sim.engine.intervals, best_job.plan.pipeline_parallel_size, figdir / "pipeline_timeline.png")
+    gantt = ["## 5. One iteration of the best plan, as the engine played it", "",
+             f"{_describe(best_job.plan)}: {sim.estimate.iteration_time_s:.2f} s. Each row is a pipeline stage's "
+             "compute stream (forward light, backward dark), with its sends and the data-parallel reduction. "
+             f"`simulator plan ... --trace FILE` writes the same iteration as a Perfetto trace.", "",
+             "![pipeline timeline](figures/pipeline_timeline.png)", ""]
+    scale, scale_data = _scaling(figdir)
+    text = ["# Reports: GPT training plans on DGX A100, reproduced from first principles", "",
+            f"Regenerate with `{COMMAND}` (every number below is computed by the simulator from "
+            "`hardware_specs/`, `calibration/profiles/a100-sxm4-80gb-published.json` and the published tables in "
+            "`calibration/published/`; none is typed in).", ""]
+    text += head + _decomposition_table(decs) + val + f8 + figs + claims + mem + gantt + scale
+    (out / "README.md").write_text("\n".join(text) + "\n")
+    data = {"headline": head_data, "validation": val_data, "figure8": f8_data, "figures_1_7": figs_data,
+            "claims": claims_data,
+            "memory": mem_data, "scaling": scale_data,
+            "decomposition": {d.scenario.model: [d.standard.training_days, d.search_alone.best.estimate.training_days,
+                                                 d.article_best.best.estimate.training_days] for d in decs}}
+    (out / "data").mkdir(exist_ok=True)
+    (out / "data" / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return data
