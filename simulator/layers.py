@@ -12,7 +12,7 @@ it again in the backward pass, which is what makes every activation divisible by
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import lru_cache
 
@@ -95,6 +95,7 @@ class Op:
     region: str = ""
     # flash attention: (batch x heads, sequence, head size, causal) for the attention cost model
     attention: tuple[int, int, int, bool] | None = None
+    kernel: str = ""  # memory-bound ops: the calibration's kernel class (layer_norm, dropout, ...)
 
     @property
     def stream(self) -> Stream:
@@ -105,20 +106,16 @@ class Op:
 class _Builder:
     """Adds ops to a DiGraph; by default each op depends on the previous one."""
 
-    prefix: str
     graph: nx.DiGraph = field(default_factory=nx.DiGraph)
     last: str | None = None
 
     def add(self, op: Op, after: tuple[str, ...] | None = None) -> str:
-        name = f"{self.prefix}{op.name}"
-        op = Op(**{**{f: getattr(op, f) for f in Op.__dataclass_fields__}, "name": name})
-        self.graph.add_node(name, op=op, index=self.graph.number_of_nodes())
-        deps = after if after is not None else ((self.last,) if self.last else ())
-        for dep in deps:
+        self.graph.add_node(op.name, op=op, index=self.graph.number_of_nodes())
+        for dep in after if after is not None else (self.last,):
             if dep is not None:
-                self.graph.add_edge(f"{self.prefix}{dep}" if not dep.startswith(self.prefix) else dep, name)
-        self.last = name
-        return name
+                self.graph.add_edge(dep, op.name)
+        self.last = op.name
+        return op.name
 
 
 @dataclass(frozen=True)
@@ -183,10 +180,28 @@ def _dims(model: ModelSpec, plan: "LayerKey") -> _Dims:
     )
 
 
+# Which microbenchmarked kernel an elementwise op behaves like, by its name (first match wins). On a
+# GPU they are all bandwidth-bound; on a CPU a dropout's random numbers or GeLU's tanh cost far more
+# than their bytes, so a profile may give each class its own achieved bandwidth.
+_KERNEL_CLASSES = (("residual_grad_add", "bias_add_residual"), ("bias_grad", "bias_add_residual"),
+                   ("norm", "layer_norm"), ("softmax", "softmax"), ("cross_entropy", "softmax"),
+                   ("gelu", "gelu"), ("swiglu", "gelu"))
+
+
+def kernel_class(name: str) -> str:
+    for key, kernel in _KERNEL_CLASSES:
+        if key in name:
+            return kernel
+    if "dropout" in name:  # the forward draws random numbers; the backward only applies the mask
+        return "bias_add_residual" if name.endswith(".backward") else "dropout"
+    return "copy"
+
+
 def _elementwise(name: str, numel: int, reads: float, writes: float, ab: int, saves=(), region="", mask=False) -> Op:
     """A memory-bound op reading ``reads`` and writing ``writes`` tensors of ``numel`` elements."""
     moved = numel * ab * (reads + writes) + (numel * MASK_BYTES if mask else 0)
-    return Op(name, OpKind.elementwise, flops=0.0, bytes_moved=moved, saves=tuple(saves), region=region)
+    return Op(name, OpKind.elementwise, flops=0.0, bytes_moved=moved, saves=tuple(saves), region=region,
+              kernel=kernel_class(name))
 
 
 def _gemm(name: str, shape: GemmShape, saves=(), region="", kind=OpKind.gemm) -> Op:
@@ -266,7 +281,7 @@ def _dropout_add(name: str, dm: _Dims, dropout: float) -> Op:
 
 
 def _forward(model: ModelSpec, plan: LayerKey, dm: _Dims) -> nx.DiGraph:
-    g = _Builder("")
+    g = _Builder()
     s, b, h, t, ab = dm.s, dm.b, dm.h, dm.t, dm.ab
     tokens, full_act = dm.tokens, dm.tokens * h * ab
     col_input_numel = dm.local_tokens * h  # what ColumnParallelLinear saves (sharded under SP)
@@ -358,7 +373,7 @@ def _backward_linear(g: _Builder, name: str, shape: GemmShape, dm: _Dims, column
 
 
 def _backward(model: ModelSpec, plan: LayerKey, dm: _Dims, fwd: nx.DiGraph) -> nx.DiGraph:
-    g = _Builder("")
+    g = _Builder()
     ops = {op.name: op for op in ordered_ops(fwd)}
     tokens, full_act, t, ab = dm.tokens, dm.tokens * dm.h * dm.ab, dm.t, dm.ab
     n_local = dm.local_tokens * dm.h
@@ -418,9 +433,7 @@ def _recompute(fwd: nx.DiGraph, granularity: RecomputeGranularity) -> nx.DiGraph
     out = nx.DiGraph()
     for n in keep:
         op = fwd.nodes[n]["op"]
-        out.add_node(f"recompute.{n}", op=Op(**{**{f: getattr(op, f) for f in Op.__dataclass_fields__},
-                                             "name": f"recompute.{n}", "saves": ()}),
-                     index=fwd.nodes[n]["index"])
+        out.add_node(f"recompute.{n}", op=replace(op, name=f"recompute.{n}", saves=()), index=fwd.nodes[n]["index"])
     out.add_edges_from((f"recompute.{u}", f"recompute.{v}") for u, v in sub.edges)
     return out
 
@@ -465,7 +478,7 @@ def embedding_extras(model: ModelSpec, plan: ParallelPlan) -> StageExtras:
 @lru_cache(maxsize=1024)
 def _embedding_extras(model: ModelSpec, key: LayerKey) -> StageExtras:
     dm = _dims(model, key)
-    f, b = _Builder(""), _Builder("")
+    f, b = _Builder(), _Builder()
     full_act = dm.tokens * dm.h * dm.ab
     f.add(_elementwise("embedding", dm.tokens * dm.h, 1, 1, dm.ab))
     if dm.t > 1:
@@ -491,7 +504,7 @@ def output_extras(model: ModelSpec, plan: ParallelPlan) -> StageExtras:
 @lru_cache(maxsize=1024)
 def _output_extras(model: ModelSpec, key: LayerKey) -> StageExtras:
     dm = _dims(model, key)
-    f, b = _Builder(""), _Builder("")
+    f, b = _Builder(), _Builder()
     vocab = model.vocab_size // dm.t
     full_act = dm.tokens * dm.h * dm.ab
     logits = dm.tokens * vocab

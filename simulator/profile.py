@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from simulator._io import validation_message
 from simulator.errors import ProfileError
@@ -98,6 +98,13 @@ class ElementwiseParams(_Block):
 
     achieved_fraction: float = Field(gt=0, le=1, description="Fraction of peak HBM bandwidth a fused kernel reaches.")
     launch_overhead_s: float = Field(ge=0, description="Fixed time per kernel, seconds.")
+    kernel_fractions: dict[str, float] | None = Field(
+        None, description="Achieved fraction per kernel class (layer_norm, dropout, gelu, softmax, bias_add_residual, "
+                          "copy) where measured; the others use achieved_fraction.",
+    )
+
+    def fraction(self, kernel: str) -> float:
+        return (self.kernel_fractions or {}).get(kernel, self.achieved_fraction)
 
 
 class AttentionParams(_Block):
@@ -157,6 +164,8 @@ class HardwareProfile(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    _hash: int | None = PrivateAttr(None)
+
     schema_version: Literal[1]
     name: str
     source: Literal["published", "measured"]
@@ -176,8 +185,11 @@ class HardwareProfile(BaseModel):
     notes: str = ""
 
     def __hash__(self) -> int:
-        # Cost models are cached per profile; the dict-valued sources make the default hash fail.
-        return hash(self.model_dump_json())
+        # Cost models are cached per profile; the dict-valued sources make the default hash fail,
+        # and the JSON (with its fit points) is too long to serialise on every lookup.
+        if self._hash is None:
+            self._hash = hash(self.model_dump_json())
+        return self._hash
 
 
 def profile_names() -> list[str]:

@@ -10,9 +10,15 @@ import click
 @click.command("report", epilog="\b\nExample:\n  simulator report --out reports")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("reports"), show_default=True,
               help="Folder to write README.md, figures/ and data/ into.")
-def report_command(out: Path) -> None:
+@click.option("--json", "as_json", is_flag=True, default=False, help="Also print the report's numbers as JSON.")
+def report_command(out: Path, as_json: bool) -> None:
     """Regenerate the validation and planning report from the code and data in the repository."""
+    import json
+
     from simulator.report import generate
 
-    generate(out)
-    click.echo(f"report written to {out / 'README.md'}")
+    data = generate(out)
+    if as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        click.echo(f"report written to {out / 'README.md'}")

@@ -57,7 +57,8 @@ class CostModel:
             return float(gemm_time_s(p.gemm, self.peak_flops, gpu.sm_count, s.m, s.n, s.k, s.batch, self._dtype_bytes,
                                      s.accumulate_fp32))
         if op.kind is OpKind.elementwise:
-            return float(elementwise_time_s(p.elementwise, gpu.hbm_bandwidth_gbps, op.bytes_moved)) if op.bytes_moved else 0.0
+            return (float(elementwise_time_s(p.elementwise, gpu.hbm_bandwidth_gbps, op.bytes_moved, op.kernel))
+                    if op.bytes_moved else 0.0)
         if op.kind is OpKind.flash_attention:
             assert op.attention is not None, op.name
             bh, seq, d, causal = op.attention
