@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.engine import EngineResult, PipelineWork, StageWork, simulate
-from simulator.layers import CollectiveKind, Op, OpKind
+from simulator.costs import Group
+from simulator.layers import CollectiveKind, CollectiveOp, Op, OpKind
 from simulator.memory import MemoryPlan, memory_plan, stage_parameters
 from simulator.plan import Job, RecomputeGranularity, RecomputeMethod
 from simulator.schedules import build_schedule
@@ -120,31 +121,34 @@ def _recomputed_layers(job: Job, chunk_layers: int) -> int:
 
 
 def _dp_time(cost, job: Job, kind: CollectiveKind, nbytes: float) -> float:
-    from simulator.costs import Group
-
     d = job.plan.data_parallel_size
     if d == 1 or nbytes <= 0:
         return 0.0
     return cost.collective_time_s(kind, int(nbytes), Group(size=d, stride=job.plan.tensor_parallel_size))
 
 
-def _p2p_time(cost, job: Job) -> float:
-    """One activation (or gradient) between neighbouring stages, per TP rank.
+def _p2p_times(cost, job: Job) -> tuple[float, ...]:
+    """One activation (or gradient) from stage i to stage (i + 1) % p, per TP rank.
 
     Megatron sends a 1/t slice per TP rank: the activation is already sequence-sharded under SP,
     and without SP its scatter-gather optimisation all-gathers the slices over NVLink on arrival.
+    Stage i holds ranks [i t d, (i + 1) t d) (Megatron's order: TP, then DP, then PP), so a
+    boundary stays inside a node only when both stages share it.
     """
     m, plan = job.model, job.plan
-    t = plan.tensor_parallel_size
+    t, p = plan.tensor_parallel_size, plan.pipeline_parallel_size
     full = m.seq_length * plan.micro_batch_size * m.hidden_size * plan.precision.activation_bytes
-    inter_node = t * plan.data_parallel_size >= job.cluster.gpus_per_node
-    time = cost.p2p_time_s(full // t, inter_node)
+    gather = 0.0
     if t > 1 and not plan.sequence_parallel:
-        from simulator.layers import CollectiveOp
-
-        time += cost.op_time_s(Op("pipeline_all_gather", OpKind.collective,
-                                  collective=CollectiveOp(CollectiveKind.all_gather, full, t)))
-    return time
+        gather = cost.op_time_s(Op("pipeline_all_gather", OpKind.collective,
+                                   collective=CollectiveOp(CollectiveKind.all_gather, full, t)))
+    stage_gpus, node = t * plan.data_parallel_size, job.cluster.gpus_per_node
+    times = []
+    for i in range(p):
+        first, last = i * stage_gpus, ((i + 1) % p) * stage_gpus
+        inter_node = stage_gpus >= node or first // node != last // node
+        times.append(cost.p2p_time_s(full // t, inter_node) + gather)
+    return tuple(times)
 
 
 def _optimizer_time(cost, job: Job, params: int) -> float:
@@ -182,14 +186,12 @@ def build_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes) -> Pipeline
             bwd.append(b)
             r = _dp_time(cost, job, grad_kind, stage_params / v * 4)
             if tied and ((s == 0 and c == 0) or (s == p - 1 and c == v - 1)):
-                from simulator.costs import Group
-
                 r += cost.collective_time_s(CollectiveKind.all_reduce, embedding_grad_bytes,
                                             Group(size=2, stride=plan.tensor_parallel_size * plan.data_parallel_size * (p - 1)))
             reduce.append(r)
         stages.append(StageWork(tuple(fwd), tuple(bwd), tuple(reduce), _optimizer_time(cost, job, stage_params)))
-    send = _p2p_time(cost, job) if p > 1 else 0.0
-    return PipelineWork(tuple(stages), (send,) * p, plan.overlap_grad_reduce, plan.overlap_p2p_comm)
+    send = _p2p_times(cost, job) if p > 1 else (0.0,)
+    return PipelineWork(tuple(stages), send, plan.overlap_grad_reduce, plan.overlap_p2p_comm)
 
 
 def simulate_job(job: Job, profile=None, tokens: float | None = None, record: bool = False) -> Simulation:

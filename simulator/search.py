@@ -173,11 +173,12 @@ def fast_iteration_time_s(work: PipelineWork, num_micro_batches: int) -> float:
     """
     p = len(work.stages)
     v = len(work.stages[0].forward_s)
-    # with blocking sends every step also waits for its own send (2 per micro-batch and chunk)
-    blocking = 0.0 if work.overlap_p2p or p == 1 else 2 * v * work.send_s[0]
-    per_mb = [sum(s.forward_s) + sum(s.backward_s) + blocking for s in work.stages]
+    # with blocking sends every step also waits for its own send: forward to i + 1, backward to i - 1
+    send = work.send_s
+    blocking = [0.0 if work.overlap_p2p or p == 1 else v * (send[i] + send[i - 1]) for i in range(p)]
+    per_mb = [sum(s.forward_s) + sum(s.backward_s) + blocking[i] for i, s in enumerate(work.stages)]
     fill = (p - 1) / v * (sum(per_mb) / p)
-    transfers = 2 * (p * v - 1) * work.send_s[0] if p > 1 else 0.0
+    transfers = 2 * (p * v - 1) * sum(send) / p if p > 1 else 0.0
     if work.overlap_grad_reduce:
         reduce = max(s.grad_reduce_s[0] for s in work.stages)
     else:
