@@ -16,10 +16,22 @@ import json
 import math
 from pathlib import Path
 
-from simulator.fitting import fit_achieved_fraction, fit_attention, fit_collective, fit_gemm, fit_step_latency
+from simulator.fitting import (
+    fit_achieved_fraction,
+    fit_attention,
+    fit_collective,
+    fit_gemm,
+    fit_step_latency,
+)
 from simulator.hardware import GpuSpec, load_gpu
 from simulator.profile import (
-    SCHEMA_VERSION, AttentionParams, CollectiveParams, ElementwiseParams, GemmParams, HardwareProfile, LinkParams,
+    SCHEMA_VERSION,
+    AttentionParams,
+    CollectiveParams,
+    ElementwiseParams,
+    GemmParams,
+    HardwareProfile,
+    LinkParams,
     save_profile,
 )
 

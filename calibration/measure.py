@@ -29,7 +29,12 @@ from calibration.microbench.attention import attention_cases, run_attention
 from calibration.microbench.collectives import collective_sizes, run_collectives
 from calibration.microbench.elementwise import elementwise_sizes, run_elementwise
 from calibration.microbench.gemm import held_out_keys, run_gemms
-from calibration.microbench.shapes import LayerDims, grid_gemms, layer_gemms, unique_gemms
+from calibration.microbench.shapes import (
+    LayerDims,
+    grid_gemms,
+    layer_gemms,
+    unique_gemms,
+)
 from calibration.microbench.timing import Budget
 
 SECTIONS = ("gemm", "attention", "elementwise", "collectives")

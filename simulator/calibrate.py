@@ -24,11 +24,26 @@ import numpy as np
 from calibration.microbench import RAW_FORMAT, RAW_VERSION
 from simulator.costs.gemm import gemm_time_s
 from simulator.errors import ConfigError, ProfileError
-from simulator.fitting import DTYPE_BYTES, fit_attention, fit_collective, fit_elementwise, fit_gemm
+from simulator.fitting import (
+    DTYPE_BYTES,
+    fit_attention,
+    fit_collective,
+    fit_elementwise,
+    fit_gemm,
+)
 from simulator.hardware import GpuSpec, load_gpu
 from simulator.profile import (
-    SCHEMA_VERSION, AttentionParams, CollectiveParams, DeviceInfo, ElementwiseParams, FitRecord, GemmParams,
-    HardwareProfile, LinkParams, default_profile, save_profile,
+    SCHEMA_VERSION,
+    AttentionParams,
+    CollectiveParams,
+    DeviceInfo,
+    ElementwiseParams,
+    FitRecord,
+    GemmParams,
+    HardwareProfile,
+    LinkParams,
+    default_profile,
+    save_profile,
 )
 
 REPO = Path(__file__).resolve().parent.parent

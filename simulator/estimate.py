@@ -11,13 +11,19 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simulator.engine import EngineResult, PipelineWork, StageWork, simulate
 from simulator.costs import Group
+from simulator.engine import EngineResult, PipelineWork, StageWork, simulate
 from simulator.layers import CollectiveKind, CollectiveOp, Op, OpKind
 from simulator.memory import MemoryPlan, memory_plan, stage_parameters
 from simulator.plan import Job, RecomputeGranularity, RecomputeMethod
 from simulator.schedules import build_schedule
-from simulator.timing import LayerTimes, StageExtraTimes, _default_cost, extra_times, layer_times
+from simulator.timing import (
+    LayerTimes,
+    StageExtraTimes,
+    _default_cost,
+    extra_times,
+    layer_times,
+)
 
 SECONDS_PER_DAY = 86400.0
 # HBM bytes per parameter of Megatron's mixed-precision optimizer step (Float16OptimizerWithFloat16Params

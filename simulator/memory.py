@@ -16,7 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.layers import embedding_extras, output_extras, transformer_layer
 from simulator.model import ModelSpec, PositionEmbedding
-from simulator.plan import Job, ParallelPlan, PipelineSchedule, Precision, RecomputeGranularity, RecomputeMethod
+from simulator.plan import (
+    Job,
+    ParallelPlan,
+    PipelineSchedule,
+    Precision,
+    RecomputeGranularity,
+    RecomputeMethod,
+)
 from simulator.units import GIB
 
 # The reserve, beyond the tensors the model accounts for, that a PyTorch/Megatron process needs:

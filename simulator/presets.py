@@ -11,7 +11,12 @@ Importing ``simulator.model`` registers them in ``PRESETS``.
 
 from __future__ import annotations
 
-from simulator.model import ModelSpec, Normalization, PositionEmbedding, register_presets
+from simulator.model import (
+    ModelSpec,
+    Normalization,
+    PositionEmbedding,
+    register_presets,
+)
 
 LLAMA2_VOCAB = 32000  # SentencePiece vocabulary (a multiple of 128, so Megatron does not pad it)
 LLAMA3_VOCAB = 128256  # tiktoken-based vocabulary, 1,002 x 128

@@ -20,7 +20,15 @@ from typing import Protocol
 
 import networkx as nx
 
-from simulator.layers import LayerGraph, Op, Stream, embedding_extras, ordered_ops, output_extras, transformer_layer
+from simulator.layers import (
+    LayerGraph,
+    Op,
+    Stream,
+    embedding_extras,
+    ordered_ops,
+    output_extras,
+    transformer_layer,
+)
 from simulator.plan import Job
 
 

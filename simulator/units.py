@@ -13,3 +13,13 @@ def gib(nbytes: float) -> float:
 
 def format_gib(nbytes: float, digits: int = 2) -> str:
     return f"{gib(nbytes):.{digits}f}"
+
+
+def text_table(header: tuple[str, ...], rows: list[tuple[str, ...]], left: frozenset[int] = frozenset({0})) -> str:
+    """A plain-text table: columns in ``left`` left-aligned (text), the others right-aligned (numbers)."""
+    table = [header, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -10,7 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 from calibration.microbench import RAW_FORMAT, RAW_VERSION
-from calibration.microbench.shapes import LayerDims, grid_gemms, layer_gemms, unique_gemms
+from calibration.microbench.shapes import (
+    LayerDims,
+    grid_gemms,
+    layer_gemms,
+    unique_gemms,
+)
 from simulator.calibrate import fit_profile, gpu_for_device, read_raw
 from simulator.cli import cli
 from simulator.costs.attention import attention_forward_flops, attention_time_s

@@ -3,11 +3,17 @@
 import numpy as np
 import pytest
 
-from simulator.costs.attention import attention_time_s, attention_forward_flops
+from simulator.costs.attention import attention_forward_flops, attention_time_s
 from simulator.costs.elementwise import elementwise_time_s
 from simulator.costs.gemm import gemm_time_s
 from simulator.errors import ProfileError
-from simulator.fitting import fit_attention, fit_collective, fit_elementwise, fit_gemm, fit_step_latency
+from simulator.fitting import (
+    fit_attention,
+    fit_collective,
+    fit_elementwise,
+    fit_gemm,
+    fit_step_latency,
+)
 from simulator.profile import AttentionParams, ElementwiseParams, GemmParams
 
 RNG_SEED = 7

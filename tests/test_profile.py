@@ -7,7 +7,13 @@ import pytest
 from calibration.build_published_profiles import GPUS, build_profile
 from simulator.errors import ProfileError
 from simulator.hardware import load_gpu
-from simulator.profile import HardwareProfile, default_profile, load_profile, profile_names, save_profile
+from simulator.profile import (
+    HardwareProfile,
+    default_profile,
+    load_profile,
+    profile_names,
+    save_profile,
+)
 
 
 @pytest.fixture(scope="module")

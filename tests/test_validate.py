@@ -13,7 +13,12 @@ from simulator.hardware import load_cluster
 from simulator.layers import transformer_layer
 from simulator.model import ModelSpec
 from simulator.plan import Job, ParallelPlan, RecomputeGranularity
-from simulator.run_record import LayerRecord, RunRecord, load_run_record, write_run_record
+from simulator.run_record import (
+    LayerRecord,
+    RunRecord,
+    load_run_record,
+    write_run_record,
+)
 from simulator.validate import compare, validate
 
 MODEL = ModelSpec(name="tiny", num_layers=4, hidden_size=32, num_attention_heads=4, vocab_size=128, seq_length=16)

@@ -39,7 +39,13 @@ from calibration.reference.parallel import (
     vocab_parallel_cross_entropy,
 )
 from simulator.model import ModelSpec
-from simulator.plan import Job, ParallelPlan, PipelineSchedule, RecomputeGranularity, RecomputeMethod
+from simulator.plan import (
+    Job,
+    ParallelPlan,
+    PipelineSchedule,
+    RecomputeGranularity,
+    RecomputeMethod,
+)
 
 # A recompute timer: called as timer(fn, *args) when a checkpointed region is replayed in backward.
 RecomputeTimer = Callable[..., torch.Tensor] | None

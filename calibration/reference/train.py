@@ -24,9 +24,14 @@ if __package__ in (None, ""):  # run as a script by torchrun: make the checkout 
 import torch
 import torch.distributed as dist
 
-from calibration.reference.meter import Clock, LayerProbe
 from calibration.reference.launch import check_supported
-from calibration.reference.model import GPTChunk, chunk_layer_ids, recomputed_layer, schedule_kind
+from calibration.reference.meter import Clock, LayerProbe
+from calibration.reference.model import (
+    GPTChunk,
+    chunk_layer_ids,
+    recomputed_layer,
+    schedule_kind,
+)
 from calibration.reference.parallel import ParallelGroups, all_reduce, build_groups
 from calibration.reference.pipeline import run_schedule
 from simulator.errors import SimulatorError

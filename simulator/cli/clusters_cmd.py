@@ -9,6 +9,7 @@ import click
 
 from simulator.hardware import ClusterSpec, cluster_names, load_cluster
 from simulator.profile import profile_names
+from simulator.units import text_table
 
 EXAMPLES = """
 \b
@@ -53,12 +54,7 @@ def render_table(clusters: list[ClusterSpec]) -> str:
          published_profile(c) or "-")
         for c in clusters
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    left = {0, 1, len(_COLUMNS) - 1}
-    lines = ["  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-             for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(_COLUMNS, rows[1:], frozenset({0, 1, len(_COLUMNS) - 1}))
 
 
 @click.command("clusters", epilog=EXAMPLES)

@@ -10,7 +10,7 @@ import click
 from simulator.cli.options import job_from_options, plan_options
 from simulator.memory import MemoryPlan, memory_plan
 from simulator.plan import Job
-from simulator.units import format_gib
+from simulator.units import format_gib, text_table
 
 _COLUMNS = ("stage", "layers", "weights", "grads", "optimizer", "activations", "in-flight", "transient", "reserve",
             "peak", "fits")
@@ -41,10 +41,7 @@ def render_table(plan: MemoryPlan) -> str:
             format_gib(s.transient_bytes), format_gib(s.reserve_bytes), format_gib(s.peak_bytes),
             "yes" if s.fits else "NO",
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(_COLUMNS, rows[1:], frozenset())
 
 
 def to_json(job: Job, plan: MemoryPlan) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from simulator.model import PRESETS, ModelSpec, load_model
+from simulator.units import text_table
 
 EXAMPLES = """
 \b
@@ -48,12 +49,7 @@ def render_table(models: list[ModelSpec]) -> str:
          str(m.ffn_size), str(m.vocab_size), str(m.seq_length), format_parameters(m.num_parameters()), _arch(m))
         for m in models
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    left = {0, len(_COLUMNS) - 1}  # text columns left-aligned, numbers right-aligned
-    lines = ["  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-             for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(_COLUMNS, rows[1:], frozenset({0, len(_COLUMNS) - 1}))
 
 
 @click.command("models", epilog=EXAMPLES)

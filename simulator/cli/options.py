@@ -10,7 +10,14 @@ from simulator._io import build
 from simulator.errors import ConfigError
 from simulator.hardware import load_cluster
 from simulator.model import load_model
-from simulator.plan import Fp8Format, Job, ParallelPlan, Precision, RecomputeGranularity, RecomputeMethod
+from simulator.plan import (
+    Fp8Format,
+    Job,
+    ParallelPlan,
+    Precision,
+    RecomputeGranularity,
+    RecomputeMethod,
+)
 
 _POSITIVE = click.IntRange(min=1)
 

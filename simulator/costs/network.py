@@ -15,6 +15,7 @@ fitted large-message bus bandwidth over the line rate (NCCL protocol overheads).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import networkx as nx
 
 from simulator.hardware import ClusterSpec

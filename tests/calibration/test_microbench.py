@@ -16,11 +16,21 @@ import pytest
 import torch
 
 from calibration.microbench import RAW_FORMAT
-from calibration.microbench.attention import fused_attention, time_attention, unfused_attention
+from calibration.microbench.attention import (
+    fused_attention,
+    time_attention,
+    unfused_attention,
+)
 from calibration.microbench.collectives import bus_factor, run_collectives
 from calibration.microbench.elementwise import KERNELS, time_elementwise
 from calibration.microbench.gemm import held_out_keys, run_gemms, time_gemm
-from calibration.microbench.shapes import Gemm, LayerDims, grid_gemms, layer_gemms, unique_gemms
+from calibration.microbench.shapes import (
+    Gemm,
+    LayerDims,
+    grid_gemms,
+    layer_gemms,
+    unique_gemms,
+)
 from calibration.microbench.timing import Budget, Timing, rotation_count, time_fn
 from simulator.layers import ordered_ops, transformer_layer
 from simulator.model import PRESETS, ModelSpec
