@@ -194,9 +194,9 @@ def simulate(schedule: Schedule, work: PipelineWork, record: bool = False) -> En
         res.grads_ready_s = env.now
         res.optimizer_s = sw.optimizer_s
 
-    for s, steps in enumerate(schedule):
-        env.process(stage(s, steps))
+    stages = [env.process(stage(s, steps)) for s, steps in enumerate(schedule)]
     env.run()
+    assert all(st.processed for st in stages), "the schedule deadlocked: a stage never finished its steps"
     ready = max(r.grads_ready_s for r in results)
     optimizer = max(r.optimizer_s for r in results)
     if record:
