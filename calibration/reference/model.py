@@ -3,7 +3,7 @@
 ``GPTChunk`` is one pipeline model chunk: the embedding on the first chunk, a run of
 ``TransformerLayer``s, and the final norm, output layer and loss on the last. The layer saves for
 its backward pass exactly the tensors ``simulator.layers.transformer_layer`` lists (Korthikanti
-Table 2), which ``tests/calibration/test_reference_memory.py`` checks byte for byte:
+Table 2), which ``tests/calibration/test_reference_loop.py`` checks byte for byte:
 
 - norm inputs, the (sharded under SP) inputs of the column-parallel GEMMs, q, k, v, the softmax
   output, the 1-byte attention-dropout mask and the dropout output, the projection input, the
