@@ -202,15 +202,21 @@ class _Closest:
 
 
 def search(req: SearchRequest, profile=None, tokens: float | None = None, top: int = 10,
-           progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Rank every valid plan that fits by simulated iteration time."""
+           progress: Callable[[str, int, int], None] | None = None) -> SearchResult:
+    """Rank every valid plan that fits by simulated iteration time.
+
+    ``progress(phase, done, total)`` is called as the screen ("screening") and the engine
+    ("simulating") work through their candidates.
+    """
     started = time.perf_counter()
     capacity = req.cluster.gpu.memory_bytes
     screened: list[ScreenedPlan] = []
     closest = _Closest()
-    enumerated = 0
-    for plan in enumerate_plans(req):
-        enumerated += 1
+    candidates = list(enumerate_plans(req))
+    enumerated = len(candidates)
+    for i, plan in enumerate(candidates, 1):
+        if progress is not None and i % 256 == 0:
+            progress("screening", i, enumerated)
         job = Job.model_construct(model=req.model, cluster=req.cluster, plan=plan)
         peak = peak_bytes(job)
         if peak > capacity:
@@ -241,7 +247,7 @@ def search(req: SearchRequest, profile=None, tokens: float | None = None, top: i
         ranked.append((simulate_job(job, profile, tokens).estimate, cand))
         ranked.sort(key=lambda r: r[0].iteration_time_s)
         if progress is not None:
-            progress(i + 1, len(finalists))
+            progress("simulating", i + 1, len(finalists))
     plans = [RankedPlan(rank=i + 1, plan=c.plan, estimate=e, screen_time_s=c.screen_time_s)
              for i, (e, c) in enumerate(ranked[:top])]
     return SearchResult(plans=plans, screened=screened, enumerated=enumerated,

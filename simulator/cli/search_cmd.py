@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -79,20 +80,21 @@ def search_command(model, cluster, gpus, global_batch_size, tokens, top, tp, pp,
         precision=precision, use_flash_attention=flash, overlap_grad_reduce=overlap,
     )
     profile = load_profile(profile_path) if profile_path else None
-    bar = None
+    bars: dict = {}
 
-    def progress(done: int, total: int) -> None:
-        nonlocal bar
+    def progress(phase: str, done: int, total: int) -> None:
         if as_json:
             return
-        if bar is None:
+        if phase not in bars:
             from tqdm import tqdm
 
-            bar = tqdm(total=total, desc="simulating finalists", unit="plan", leave=False, file=click.get_text_stream("stderr"))
-        bar.update(1)
+            # shown only when the phase takes more than a moment
+            bars[phase] = tqdm(total=total, desc=phase, unit="plan", leave=False, delay=0.5,
+                               file=sys.stderr)
+        bars[phase].update(done - bars[phase].n)
 
     result = search(req, profile, tokens=tokens, top=top, progress=progress)
-    if bar is not None:
+    for bar in bars.values():
         bar.close()
     best = result.best
     job = Job(model=req.model, cluster=req.cluster, plan=best.plan)
