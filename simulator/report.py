@@ -162,7 +162,13 @@ def _decomposition_table(decs: list[Decomposition]) -> list[str]:
                      _describe(d.article_best.best.plan)])
     lines += _table(["model", "GPUs", "standard (days)", "search alone", "+ SP + SAR", "search gain",
                      "SP + SAR gain", "best plan"], rows)
-    lines += ["", "Days are for 300B tokens. Article: 20-30% from the tool, 10-20% more from SP + SAR above 20B.", ""]
+    lines += ["", "Days are for 300B tokens. Article: 20-30% from the tool, 10-20% more from SP + SAR above 20B."]
+    tight = [d.scenario.model for d in decs if d.search_gain < 0.20]
+    if tight:
+        lines += ["", f"For {', '.join(tight)} the search alone gains less than the article's range: with SP off and "
+                  "full recompute, memory leaves few layouts besides the standard one (at most a few checkpointed "
+                  "layers fewer), so almost all of the gain comes once SP and selective recompute free the memory."]
+    lines.append("")
     return lines
 
 
