@@ -17,6 +17,7 @@ insertion order), so the same input gives the same result, bit for bit.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 
 import simpy
@@ -195,7 +196,16 @@ def simulate(schedule: Schedule, work: PipelineWork, record: bool = False) -> En
         res.optimizer_s = sw.optimizer_s
 
     stages = [env.process(stage(s, steps)) for s, steps in enumerate(schedule)]
-    env.run()
+    # The run allocates tens of thousands of short-lived events and no reference cycles that
+    # outlive it; the cyclic collector would only rescan the caller's long-lived data (cached
+    # schedules and layer graphs) over and over, which made long pipelines superlinear.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        env.run()
+    finally:
+        if collecting:
+            gc.enable()
     assert all(st.processed for st in stages), "the schedule deadlocked: a stage never finished its steps"
     ready = max(r.grads_ready_s for r in results)
     optimizer = max(r.optimizer_s for r in results)
