@@ -54,7 +54,16 @@ def to_json(job: Job, plan: MemoryPlan) -> dict[str, Any]:
     }
 
 
-@click.command("memory")
+EXAMPLES = """
+\b
+Examples:
+  simulator memory --gpus 1024 --tp 8 --pp 16 --sp --recompute-granularity selective --gbs 1536
+  simulator memory --model megatron-22b --tp 8 --mbs 4 --gbs 4 --json
+  simulator memory --model llama3-70b --cluster dgx-h100 --gpus 64 --tp 8 --pp 4 --use-distributed-optimizer
+"""
+
+
+@click.command("memory", epilog=EXAMPLES)
 @plan_options
 def memory(**options: Any) -> None:
     """Per-stage, per-GPU memory of a plan (GiB) and whether it fits."""

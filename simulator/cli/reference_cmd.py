@@ -15,7 +15,16 @@ from simulator.plan import Precision
 CPU_CLUSTER = "local-cpu"
 
 
-@click.command("reference")
+EXAMPLES = """
+\b
+Examples:
+  simulator reference --model calibration/reference/gpt-small-cpu.yaml --tp 2 --sp \\
+      --recompute-granularity selective --gbs 4 --iterations 4 --out run.json
+  simulator reference --model my-1b.yaml --device cuda --recompute-granularity full --out gpu-run.json
+"""
+
+
+@click.command("reference", epilog=EXAMPLES)
 @plan_options
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cpu: gloo, fp32, one process per rank; cuda: NCCL, one GPU per rank.")

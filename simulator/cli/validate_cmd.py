@@ -48,7 +48,15 @@ def render(v: Validation) -> str:
     return "\n".join([f"{v.run} ({v.device})"] + lines + [f"note: {n}" for n in v.notes])
 
 
-@click.command("validate")
+EXAMPLES = """
+\b
+Examples:
+  simulator validate run.json --profile my-cpu.json
+  simulator validate run.json --memory-only --json
+"""
+
+
+@click.command("validate", epilog=EXAMPLES)
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("--profile", "profile", default=None, metavar="FILE",
               help="Hardware profile for the time predictions (default: the cluster's).")
