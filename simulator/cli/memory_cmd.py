@@ -59,7 +59,8 @@ EXAMPLES = """
 Examples:
   simulator memory --gpus 1024 --tp 8 --pp 16 --sp --recompute-granularity selective --gbs 1536
   simulator memory --model megatron-22b --tp 8 --mbs 4 --gbs 4 --json
-  simulator memory --model llama3-70b --cluster dgx-h100 --gpus 64 --tp 8 --pp 4 --use-distributed-optimizer
+  simulator memory --model llama3-70b --cluster dgx-h100 --gpus 64 --tp 8 --pp 4 --sp \\
+      --recompute-granularity selective --use-distributed-optimizer
 """
 
 
