@@ -138,8 +138,17 @@ def register_presets(models: dict[str, ModelSpec]) -> None:
     PRESETS.update(models)
 
 
-def load_model(name_or_path: str) -> ModelSpec:
-    """A preset by name, a YAML/JSON file of ``ModelSpec`` fields, or a Hugging Face ``config.json``."""
+def load_model(name_or_path: str, seq_length: int | None = None) -> ModelSpec:
+    """A preset by name, a YAML/JSON file of ``ModelSpec`` fields, or a Hugging Face ``config.json``;
+    ``seq_length`` overrides the sequence length (Megatron's --seq-length), e.g. a long-context
+    config's 131,072 positions when training at 8,192."""
+    model = _load_model(name_or_path)
+    if seq_length is None or seq_length == model.seq_length:
+        return model
+    return build(ModelSpec, {**model.model_dump(), "seq_length": seq_length}, f"model {model.name!r}")
+
+
+def _load_model(name_or_path: str) -> ModelSpec:
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
     path = Path(name_or_path)

@@ -27,6 +27,8 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--model",), dict(default="gpt3-175b", show_default=True, metavar="NAME|FILE",
                         help="Model preset (gpt3-175b, llama3-70b, ...; see `simulator models`), a YAML/JSON "
                              "file of ModelSpec fields, or a Hugging Face config.json.")),
+    (("--seq-length", "seq_length"), dict(type=_POSITIVE, default=None,
+                                          help="Override the model's sequence length (tokens).")),
     (("--cluster",), dict(default="dgx-a100-80gb", show_default=True, metavar="NAME|FILE",
                           help="Cluster preset (dgx-a100-80gb, dgx-h100, ...; see `simulator clusters`) "
                                "or a YAML file.")),
@@ -113,7 +115,7 @@ def job_from_options(**kwargs: Any) -> Job:
     dp = _data_parallel_size(o.get("gpus"), tp, pp, o.get("data_parallel_size"))
     mbs = o.get("micro_batch_size", 1)
     gbs = o.get("global_batch_size") or mbs * dp * pp
-    model = load_model(o.get("model", "gpt3-175b"))
+    model = load_model(o.get("model", "gpt3-175b"), o.get("seq_length"))
     cluster = load_cluster(o.get("cluster", "dgx-a100-80gb"))
     recompute = {
         "granularity": o.get("recompute_granularity", "none"),

@@ -34,6 +34,8 @@ def _describe(plan) -> str:
 
 @click.command("search", epilog=EXAMPLES)
 @click.option("--model", default="gpt3-175b", show_default=True, metavar="NAME|FILE", help="Model preset or file.")
+@click.option("--seq-length", "seq_length", type=click.IntRange(min=1), default=None,
+              help="Override the model's sequence length (tokens).")
 @click.option("--cluster", default="dgx-a100-80gb", show_default=True, metavar="NAME|FILE", help="Cluster preset or file.")
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total GPUs.")
 @click.option("--global-batch-size", "--gbs", "global_batch_size", type=click.IntRange(min=1), required=True,
@@ -61,7 +63,7 @@ def _describe(plan) -> str:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the best plan's iteration as a Chrome trace-event JSON (Perfetto).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print machine-readable JSON.")
-def search_command(model, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, sp, recompute, dopt,
+def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, sp, recompute, dopt,
                    precision, flash, overlap, profile_path, pareto_path, trace_path, as_json):
     """Search every valid plan (TP, PP, virtual stages, micro-batch, SP, recompute, distributed optimizer)
     for the fastest that fits in GPU memory."""
@@ -73,7 +75,7 @@ def search_command(model, cluster, gpus, global_batch_size, tokens, top, tp, pp,
     from simulator.search import SearchPins, SearchRequest, search
 
     req = SearchRequest(
-        model=load_model(model), cluster=load_cluster(cluster), num_gpus=gpus, global_batch_size=global_batch_size,
+        model=load_model(model, seq_length), cluster=load_cluster(cluster), num_gpus=gpus, global_batch_size=global_batch_size,
         pins=SearchPins(tensor_parallel_size=tp, pipeline_parallel_size=pp, virtual_pipeline_stages=vpp,
                         micro_batch_size=mbs, sequence_parallel=sp, recompute_granularity=recompute,
                         use_distributed_optimizer=dopt),
