@@ -68,6 +68,5 @@ def test_search_json_and_pareto(tmp_path):
 def test_seq_length_overrides_the_model():
     short = json.loads(run("plan", "--model", "gpt3-1.3b", "--seq-length", "1024", "--json").output)
     full = json.loads(run("plan", "--model", "gpt3-1.3b", "--json").output)
-    assert short["tokens_per_s"] > 0 and full["tokens_per_s"] > 0
-    # half the tokens per sequence: the iteration is shorter, but never more than twice as short
-    assert full["iteration_time_s"] / 2 < short["iteration_time_s"] < full["iteration_time_s"]
+    assert short["iteration_time_s"] < full["iteration_time_s"]  # half the tokens per sequence
+    assert short["memory"]["peak_bytes"] < full["memory"]["peak_bytes"]
