@@ -16,7 +16,7 @@ from simulator.hardware import load_cluster
 from simulator.model import load_model
 from simulator.plan import Job, ParallelPlan, RecomputePolicy
 from simulator.schedules import build_schedule
-from simulator.timing import _default_cost, extra_times, layer_times
+from simulator.timing import cost_model_for, extra_times, layer_times
 
 
 def _median_s(fn, repeats: int = 5) -> float:
@@ -39,7 +39,7 @@ def gpt3_job(pp: int = 16, vpp: int = 2, gbs: int = 1536, gpus: int = 1024) -> J
 
 def bench_engine() -> None:
     job = gpt3_job()
-    cost = _default_cost(job, None)
+    cost = cost_model_for(job, None)
     work = build_work(job, cost, layer_times(job, cost=cost), extra_times(job, cost))
     p, m, v = job.plan.pipeline_parallel_size, job.plan.num_micro_batches, job.plan.virtual_pipeline_stages
     schedule = build_schedule(p, m, v)

@@ -20,7 +20,7 @@ from simulator.schedules import build_schedule
 from simulator.timing import (
     LayerTimes,
     StageExtraTimes,
-    _default_cost,
+    cost_model_for,
     extra_times,
     layer_times,
 )
@@ -84,7 +84,6 @@ class Simulation:
     engine: EngineResult
     layer: LayerTimes
     extras: StageExtraTimes
-    work: PipelineWork
 
 
 def model_flops_per_sequence(job: Job) -> float:
@@ -201,7 +200,7 @@ def build_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes) -> Pipeline
 
 
 def simulate_job(job: Job, profile=None, tokens: float | None = None, record: bool = False) -> Simulation:
-    cost = _default_cost(job, profile)
+    cost = cost_model_for(job, profile)
     lt = layer_times(job, cost=cost)
     ext = extra_times(job, cost)
     mem = memory_plan(job)
@@ -210,8 +209,8 @@ def simulate_job(job: Job, profile=None, tokens: float | None = None, record: bo
     schedule = build_schedule(plan.pipeline_parallel_size, plan.num_micro_batches, plan.virtual_pipeline_stages,
                               plan.schedule.value)
     result = simulate(schedule, work, record=record)
-    est = _summarise(job, cost, lt, ext, work, result, mem, tokens)
-    return Simulation(est, result, lt, ext, work)
+    est = _summarise(job, cost, lt, ext, result, mem, tokens)
+    return Simulation(est, result, lt, ext)
 
 
 def estimate(job: Job, profile=None, tokens: float | None = None) -> Estimate:
@@ -219,7 +218,7 @@ def estimate(job: Job, profile=None, tokens: float | None = None) -> Estimate:
     return simulate_job(job, profile, tokens).estimate
 
 
-def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
+def _summarise(job, cost, lt, ext, result, mem, tokens) -> Estimate:
     plan = job.plan
     p, v, m = plan.pipeline_parallel_size, plan.virtual_pipeline_stages, plan.num_micro_batches
     T = result.iteration_time_s

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -198,6 +199,10 @@ class HardwareProfile(BaseModel):
             self._hash = hash(self.model_dump_json())
         return self._hash
 
+    def __eq__(self, other: object) -> bool:
+        # the cached hash is bookkeeping, not part of the value
+        return isinstance(other, HardwareProfile) and self.__dict__ == other.__dict__
+
 
 def profile_names() -> list[str]:
     return sorted(p.stem for p in _profile_dir().glob("*.json"))
@@ -237,8 +242,13 @@ def load_profile(path_or_name: str | os.PathLike) -> HardwareProfile:
     return _parse(text, repr(str(path)))
 
 
+@lru_cache(maxsize=16)
 def default_profile(gpu_name: str) -> HardwareProfile:
-    """The published profile of a GPU (``A100-SXM4-80GB`` -> ``a100-sxm4-80gb-published``)."""
+    """The published profile of a GPU (``A100-SXM4-80GB`` -> ``a100-sxm4-80gb-published``).
+
+    Cached: profiles are frozen, and one instance per GPU keeps the cost-model caches keyed on it
+    warm across the thousands of plans a search costs.
+    """
     name = f"{gpu_name.lower()}-published"
     if not (_profile_dir() / f"{name}.json").is_file():
         raise ProfileError(f"no published profile for GPU {gpu_name!r}; pass --profile with a measured profile "

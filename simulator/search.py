@@ -31,7 +31,7 @@ from simulator.plan import (
     RecomputeMethod,
     RecomputePolicy,
 )
-from simulator.timing import _default_cost, extra_times, layer_times
+from simulator.timing import cost_model_for, extra_times, layer_times
 from simulator.units import gib
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -189,7 +189,7 @@ def fast_iteration_time_s(work: PipelineWork, num_micro_batches: int) -> float:
 
 def screen(job: Job, profile=None) -> float:
     """The closed-form iteration time of ``job`` (the search's fast tier)."""
-    cost = _default_cost(job, profile)
+    cost = cost_model_for(job, profile)
     work = build_work(job, cost, layer_times(job, cost=cost), extra_times(job, cost))
     return fast_iteration_time_s(work, job.plan.num_micro_batches)
 

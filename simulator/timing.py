@@ -131,7 +131,7 @@ def _layer_times(layer: LayerGraph, cost: OpCoster) -> LayerTimes:
 
 def layer_times(job: Job, profile=None, cost: OpCoster | None = None) -> LayerTimes:
     """Forward, backward and recompute time of one transformer layer for one micro-batch."""
-    cost = cost if cost is not None else _default_cost(job, profile)
+    cost = cost if cost is not None else cost_model_for(job, profile)
     return _layer_times(transformer_layer(job.model, job.plan), cost)
 
 
@@ -153,7 +153,9 @@ def _extra_times(emb, out, cost: OpCoster) -> StageExtraTimes:
                            play([out.forward], cost), play([out.backward], cost))
 
 
-def _default_cost(job: Job, profile):
+def cost_model_for(job: Job, profile):
+    """The (cached) cost model of the job's cluster under ``profile``: None for the GPU's published
+    profile, a name or path to load, or a ``HardwareProfile``."""
     from simulator.profile import default_profile, load_profile
 
     if profile is None:
