@@ -22,6 +22,7 @@ from simulator.fitting import (
     fit_collective,
     fit_gemm,
     fit_step_latency,
+    measured_ramp,
 )
 from simulator.hardware import GpuSpec, load_gpu
 from simulator.profile import (
@@ -235,18 +236,24 @@ def _links(gpu: GpuSpec, rows: dict, nic_gbps: float) -> CollectiveParams:
     net_p2p_latency = (NCCL_SIMPLE_BASE_US + NCCL_NET_SIMPLE_US) * 1e-6
     if gpu.architecture == "ampere":
         curve = rows["a100_8gpu_allreduce_curve"]["curve"]
-        fit = fit_collective([(s, t * 1e-6) for s, _, t in curve], 8, latency_s=ring_latency_s,
+        points = [(s, t * 1e-6) for s, _, t in curve]
+        fit = fit_collective(points, 8, latency_s=ring_latency_s,
                              note="nccl-tests all_reduce_perf, 8x A100 NVSwitch, 32 KiB-16 GiB [stas-net]")
+        best_busbw, ramp_curve = measured_ramp(points, 8, latency_s=ring_latency_s)
         nvlink_p2p = fit_achieved_fraction([374.0, 396.4], [450, 450], note="H100/H200 NVLink p2p over 450 GB/s")
+        curve_source = f"the 8x A100 all-reduce curve, 32 KiB-16 GiB ({MD} section 3a, [stas-net])"
         nvlink = LinkParams(
-            latency_s=ring_latency_s, max_busbw_gbps=fit.params["max_busbw_gbps"],
+            latency_s=ring_latency_s, max_busbw_gbps=best_busbw,
             half_size_bytes=fit.params["half_size_bytes"], ramp_exponent=fit.params["ramp_exponent"],
+            ramp_curve=ramp_curve,
             p2p_bandwidth_gbps=nvlink_p2p.params["achieved_fraction"] * gpu.nvlink_bandwidth_gbps_per_direction,
             p2p_latency_s=p2p_latency,
             sources={
                 "latency_s": latency_source,
-                **{k: f"fitted to the 8x A100 all-reduce curve, 32 KiB-16 GiB ({MD} section 3a, [stas-net])"
-                   for k in ("max_busbw_gbps", "half_size_bytes", "ramp_exponent")},
+                "max_busbw_gbps": f"the best point of {curve_source}, its latency taken out",
+                "ramp_curve": f"{curve_source}: each point's busbw with the latency taken out, over the best",
+                **{k: f"fitted to {curve_source}; used only outside its sizes"
+                   for k in ("half_size_bytes", "ramp_exponent")},
                 "p2p_bandwidth_gbps": ("no A100 p2p figure was published: the fraction of line rate measured on "
                                        f"H100 (371-377 of 450) and H200 (396.4 of 450) ({MD} section 3c), x 300 GB/s"),
                 "p2p_latency_s": "NCCL 2.30.7 Simple protocol: baseLat 8.4 us + NVLink hwLat 3.4 us",
@@ -290,7 +297,7 @@ def _links(gpu: GpuSpec, rows: dict, nic_gbps: float) -> CollectiveParams:
     max_busbw = net_fit.params["achieved_fraction"] * nic_gbps
     network = LinkParams(
         latency_s=lat_fit.params["latency_s"], max_busbw_gbps=max_busbw,
-        half_size_bytes=nvlink.half_size_bytes, ramp_exponent=nvlink.ramp_exponent,
+        half_size_bytes=nvlink.half_size_bytes, ramp_exponent=nvlink.ramp_exponent, ramp_curve=nvlink.ramp_curve,
         p2p_bandwidth_gbps=max_busbw, p2p_latency_s=net_p2p_latency,
         sources={
             "latency_s": (f"fitted to 62-71 us small-message all-reduce on 32 A100 nodes (nccl#652, {MD} section 3b) as "
@@ -299,6 +306,8 @@ def _links(gpu: GpuSpec, rows: dict, nic_gbps: float) -> CollectiveParams:
             "max_busbw_gbps": net_source + ", per NIC",
             "half_size_bytes": "not pinned: no inter-node size sweep was published; the NVLink curve's ramp is used",
             "ramp_exponent": "not pinned: no inter-node size sweep was published; the NVLink curve's ramp is used",
+            **({"ramp_curve": "not measured: no inter-node size sweep was published; the NVLink curve's ramp is used"}
+               if nvlink.ramp_curve else {}),
             "p2p_bandwidth_gbps": "one NIC's large-message bandwidth (max_busbw_gbps): a send uses one rail",
             "p2p_latency_s": "NCCL 2.30.7 Simple protocol: baseLat 8.4 us + NET hwLat 14 us",
         },

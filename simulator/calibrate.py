@@ -30,6 +30,7 @@ from simulator.fitting import (
     fit_collective,
     fit_elementwise,
     fit_gemm,
+    measured_ramp,
 )
 from simulator.hardware import GpuSpec, load_gpu
 from simulator.profile import (
@@ -320,9 +321,14 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None) -> tuple[Collectiv
                           residuals=tuple(float(x) for x in res), note=f"{backend} send/recv ring, latency + S / bandwidth"))
     src = f"fitted to {len(by_kind['all_reduce'])} {backend} all-reduce timings over {n} ranks on one machine"
     p = ar.params
-    link = dict(max_busbw_gbps=p["max_busbw_gbps"], half_size_bytes=p["half_size_bytes"],
-                ramp_exponent=p["ramp_exponent"], p2p_bandwidth_gbps=bw, p2p_latency_s=lat)
-    sources = {k: src for k in ("max_busbw_gbps", "half_size_bytes", "ramp_exponent")}
+    # The measured sweep itself is the bandwidth curve between its sizes; the fit covers the rest.
+    best_busbw, curve = measured_ramp([(r["bytes"], r["time_s"]) for r in by_kind["all_reduce"]], n,
+                                      latency_s=p["latency_s"])
+    link = dict(max_busbw_gbps=best_busbw, half_size_bytes=p["half_size_bytes"], ramp_exponent=p["ramp_exponent"],
+                ramp_curve=curve, p2p_bandwidth_gbps=bw, p2p_latency_s=lat)
+    sources = {k: src + "; used only outside the measured sizes" for k in ("half_size_bytes", "ramp_exponent")}
+    sources["max_busbw_gbps"] = f"the best of {len(by_kind['all_reduce'])} {backend} all-reduce timings, latency taken out"
+    sources["ramp_curve"] = f"the {backend} all-reduce timings over {n} ranks, latency taken out, over the best"
     sources.update(p2p_bandwidth_gbps=f"fitted to {backend} send/recv", p2p_latency_s=f"fitted to {backend} send/recv")
     # every rank of this machine is its own node (one device per node), so the whole latency goes to
     # the inter-node steps: an all-reduce over 2 nodes takes 2 of them, and the intra-node part is 0

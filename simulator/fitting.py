@@ -235,6 +235,27 @@ def fit_collective(points: Sequence[Sequence], n_ranks: int, *, kind: str = "all
     return Fit({**fixed, **{k: float(v) for k, v in x.items()}}, record.residuals, record)
 
 
+def measured_ramp(points: Sequence[Sequence], n_ranks: int, *, kind: str = "all_reduce",
+                  latency_s: float = 0.0) -> tuple[float, tuple[tuple[float, float], ...]]:
+    """(max_busbw_gbps, ramp_curve) of a measured size sweep of (size_bytes, time_s) points.
+
+    Each point's bus bandwidth is taken over its time less ``latency_s`` (the cost model adds the
+    latency back), so the model reproduces every measured time; the curve is that bandwidth as a
+    fraction of the sweep's best. Points not above the latency carry no bandwidth and are left out.
+    """
+    raw = np.asarray(_check_points(points, 2, "collective"), dtype=float)
+    raw = raw[np.argsort(raw[:, 0])]
+    f = algorithm_factor(kind, n_ranks)
+    keep = raw[:, 1] > latency_s
+    size, t = raw[keep, 0], raw[keep, 1]
+    if size.size < 2 or np.any(np.diff(size) <= 0):
+        raise ProfileError("a measured ramp needs at least 2 distinct sizes timed above the latency; "
+                           "measure a wider size sweep")
+    busbw = f * size / (t - latency_s) / 1e9
+    best = float(np.max(busbw))
+    return best, tuple((float(s), float(b / best)) for s, b in zip(size, busbw))
+
+
 def fit_step_latency(times_s: Sequence[float], base_s: float, steps: float, *, note: str = "") -> Fit:
     """Per-step latency L of small-message collectives timed as base_s + steps * L."""
     t = np.asarray(times_s, dtype=float)

@@ -125,11 +125,15 @@ class AttentionParams(_Block):
 
 
 class LinkParams(_Block):
-    """One link class of NCCL collectives: busbw(S) = max_busbw_gbps * S^p / (S^p + half_size_bytes^p).
+    """One link class of NCCL collectives: busbw(S) = max_busbw_gbps * ramp(S).
 
-    p = ``ramp_exponent``; p = 1 is the plain saturating form. The published 8x A100 curve rises
-    more slowly than that (NCCL adds channels and switches protocol as messages grow: 177 GB/s at
-    128 MiB, 229 at 1 GiB, 235 at 16 GiB), and a fitted p < 1 follows it to a few percent.
+    Where a size sweep was measured, ``ramp_curve`` holds it as (size_bytes, busbw / max_busbw_gbps)
+    points and ramp(S) is interpolated between them (log-log). NCCL's curve is not smooth: it
+    changes channel count and protocol with the size, so the published 8x A100 curve has a plateau
+    (172 GB/s at 64 MiB, 177 at 128 MiB) and then a jump (194 at 256 MiB); no three-parameter form
+    follows it through 16-256 MiB, which is where tensor-parallel messages of GPT layers fall.
+    Outside the measured sizes, and for links without a sweep, ramp(S) = S^p / (S^p + half_size_bytes^p)
+    with p = ``ramp_exponent`` (p = 1 is the plain saturating form).
 
     A collective takes latency + algorithm_factor * S / busbw(S). For ``nvlink`` the latency is that
     of a whole intra-node collective; for ``network`` it is the cost of one inter-node step, so a
@@ -140,11 +144,27 @@ class LinkParams(_Block):
     max_busbw_gbps: float = Field(gt=0, description="Ring bus bandwidth for large messages, GB/s (per GPU or per NIC).")
     half_size_bytes: float = Field(ge=0, description="Message size at which bus bandwidth is half its maximum.")
     ramp_exponent: float = Field(1.0, gt=0, description="Steepness p of the bus-bandwidth ramp with message size.")
+    ramp_curve: tuple[tuple[float, float], ...] | None = Field(
+        None, description="Measured (size_bytes, fraction of max_busbw_gbps) points, sizes increasing; ramp(S) "
+                          "is interpolated between them, the parametric form is used outside.",
+    )
     nvls_max_busbw_gbps: float | None = Field(
         None, gt=0, description="All-reduce bus bandwidth with NVLink SHARP (Hopper and later), GB/s."
     )
     p2p_bandwidth_gbps: float = Field(gt=0, description="Send/recv bandwidth of one GPU pair, GB/s.")
     p2p_latency_s: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ramp_curve_is_a_curve(self) -> "LinkParams":
+        c = self.ramp_curve
+        if c is None:
+            return self
+        if len(c) < 2 or any(size <= 0 or frac <= 0 for size, frac in c):
+            raise ValueError("ramp_curve needs at least 2 points of positive (size_bytes, fraction); "
+                             "measure more sizes or drop ramp_curve")
+        if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
+            raise ValueError("ramp_curve sizes must increase strictly; sort the points and drop repeated sizes")
+        return self
 
 
 class CollectiveParams(BaseModel):

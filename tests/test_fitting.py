@@ -13,6 +13,7 @@ from simulator.fitting import (
     fit_elementwise,
     fit_gemm,
     fit_step_latency,
+    measured_ramp,
 )
 from simulator.profile import AttentionParams, ElementwiseParams, GemmParams
 
@@ -59,6 +60,19 @@ def test_fit_collective_recovers_parameters():
     busbw = [1.75 * s / x / 1e9 for s, x in zip(sizes, t)]
     again = fit_collective(list(zip(sizes, busbw)), 8, metric="busbw_gbps", latency_s=lat)
     assert again.params["max_busbw_gbps"] == pytest.approx(mx, rel=0.02)
+
+
+def test_measured_ramp_gives_back_each_time_with_the_latency_added():
+    lat = 10e-6
+    points = [(2**20, 60e-6), (2**30, 5e-3), (2**24, 200e-6), (64, 9e-6)]  # unsorted; the last is below the latency
+    best, curve = measured_ramp(points, 8, latency_s=lat)
+    assert [s for s, _ in curve] == [2**20, 2**24, 2**30]
+    assert max(f for _, f in curve) == 1.0
+    for size, frac in curve:
+        t = dict(points)[size]
+        assert lat + 1.75 * size / (frac * best * 1e9) == pytest.approx(t, rel=1e-12)
+    with pytest.raises(ProfileError, match="at least 2 distinct sizes"):
+        measured_ramp([(2**20, 5e-6), (2**21, 6e-6)], 8, latency_s=lat)
 
 
 def test_fit_attention_recovers_parameters():

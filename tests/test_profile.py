@@ -86,6 +86,15 @@ def test_parameter_without_source_is_rejected(tmp_path, a100):
         load_profile(path)
 
 
+def test_a_ramp_curve_out_of_order_is_a_profile_error(tmp_path, a100):
+    data = json.loads(a100.model_dump_json())
+    data["collectives"]["nvlink"]["ramp_curve"].reverse()
+    path = tmp_path / "unsorted.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="ramp_curve sizes must increase"):
+        load_profile(path)
+
+
 def test_unknown_name_is_a_profile_error():
     with pytest.raises(ProfileError, match="unknown profile 'v100-published'"):
         load_profile("v100-published")

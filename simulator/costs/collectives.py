@@ -4,7 +4,10 @@ A collective over S bytes (the full buffer: all-reduce size, all-gather output, 
 input) on n ranks moves algorithm_factor * S through each rank: 2(n-1)/n for all-reduce, (n-1)/n
 for all-gather and reduce-scatter (nccl-tests' bus-bandwidth convention), so
 
-    time = latency + factor * S / busbw(S),   busbw(S) = busbw_max * S^p / (S^p + half_size^p).
+    time = latency + factor * S / busbw(S),   busbw(S) = busbw_max * ramp(S),
+
+with ramp(S) the measured size sweep where there is one (``LinkParams.ramp_curve``), else
+S^p / (S^p + half_size^p).
 
 busbw_max comes from routing the group's rings over the network graph; the latency grows with
 the inter-node steps a ring (2(N-1) for all-reduce over N nodes) or a tree (2 log2 N) takes, and
@@ -15,6 +18,7 @@ reduce-scatter, inter-node collective on 1/g of the buffer, intra-node all-gathe
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -38,8 +42,21 @@ class Group:
 
 def ramp(link: LinkParams, nbytes: float) -> float:
     """busbw(S) / busbw_max: the fraction of the large-message bus bandwidth a message of S bytes gets."""
+    curve = link.ramp_curve
+    if curve and curve[0][0] <= nbytes <= curve[-1][0]:
+        return _interpolate_log_log(curve, nbytes)
     p = link.ramp_exponent
     return 1.0 / (1.0 + (link.half_size_bytes / nbytes) ** p) if link.half_size_bytes > 0 else 1.0
+
+
+def _interpolate_log_log(curve: tuple[tuple[float, float], ...], x: float) -> float:
+    # Bandwidth curves are close to straight between points a factor 2 apart on log-log axes.
+    i = bisect.bisect_left(curve, x, key=lambda point: point[0])
+    if curve[i][0] == x:
+        return curve[i][1]
+    (x0, y0), (x1, y1) = curve[i - 1], curve[i]
+    w = math.log(x / x0) / math.log(x1 / x0)
+    return math.exp((1 - w) * math.log(y0) + w * math.log(y1))
 
 
 def _factor(kind: CollectiveKind, n: int) -> float:
