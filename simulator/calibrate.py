@@ -22,10 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from calibration.microbench import RAW_FORMAT, RAW_VERSION
+from simulator.costs.collectives import ramp
 from simulator.costs.gemm import gemm_time_s
 from simulator.errors import ConfigError, ProfileError
 from simulator.fitting import (
     DTYPE_BYTES,
+    algorithm_factor,
     fit_attention,
     fit_collective,
     fit_elementwise,
@@ -307,28 +309,32 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None) -> tuple[Collectiv
     ar = fit_collective([(r["bytes"], r["time_s"]) for r in by_kind["all_reduce"]], n, kind="all_reduce",
                         note=f"{backend} all-reduce, {n} ranks on one machine")
     fits.append(ar.record)
-    errors.append(_error("collectives.all_reduce", ar.residuals))
     for kind in ("all_gather", "reduce_scatter"):
         if len(by_kind[kind]) >= 3:
             f = fit_collective([(r["bytes"], r["time_s"]) for r in by_kind[kind]], n, kind=kind,
-                               note=f"{backend} {kind}: kept for comparison, the link parameters are the all-reduce fit's")
+                               note=f"{backend} {kind}: kept for comparison, the link parameters are the all-reduce's")
             fits.append(f.record)
-            errors.append(_error(f"collectives.{kind}", f.residuals))
     lat, bw, res = _p2p(by_kind["send_recv"])
-    errors.append(_error("collectives.send_recv", res))
     fits.append(FitRecord(columns=("size_bytes", "time_s"),
                           points=tuple((float(r["bytes"]), float(r["time_s"])) for r in by_kind["send_recv"]),
                           residuals=tuple(float(x) for x in res), note=f"{backend} send/recv ring, latency + S / bandwidth"))
     src = f"fitted to {len(by_kind['all_reduce'])} {backend} all-reduce timings over {n} ranks on one machine"
     p = ar.params
-    # The measured sweep itself is the bandwidth curve between its sizes; the fit covers the rest.
-    best_busbw, curve = measured_ramp([(r["bytes"], r["time_s"]) for r in by_kind["all_reduce"]], n,
-                                      latency_s=p["latency_s"])
+    sweep = sorted((r["bytes"], r["time_s"]) for r in by_kind["all_reduce"])
+    notes = []
+    if _clean_sweep(sweep):
+        # The measured sweep itself is the bandwidth curve between its sizes; the fit covers the rest.
+        best_busbw, curve = measured_ramp(sweep, n, latency_s=p["latency_s"])
+        sources = {k: src + "; used only outside the measured sizes" for k in ("half_size_bytes", "ramp_exponent")}
+        sources["max_busbw_gbps"] = f"the best of {len(sweep)} {backend} all-reduce timings, latency taken out"
+        sources["ramp_curve"] = f"the {backend} all-reduce timings over {n} ranks, latency taken out, over the best"
+    else:
+        best_busbw, curve = p["max_busbw_gbps"], None
+        sources = {k: src for k in ("max_busbw_gbps", "half_size_bytes", "ramp_exponent")}
+        notes.append(f"the {backend} all-reduce sweep is noisy (a larger size ran more than "
+                     f"{SWEEP_NOISE:.0%} faster than a smaller one), so the smooth fit is used rather than the sweep")
     link = dict(max_busbw_gbps=best_busbw, half_size_bytes=p["half_size_bytes"], ramp_exponent=p["ramp_exponent"],
                 ramp_curve=curve, p2p_bandwidth_gbps=bw, p2p_latency_s=lat)
-    sources = {k: src + "; used only outside the measured sizes" for k in ("half_size_bytes", "ramp_exponent")}
-    sources["max_busbw_gbps"] = f"the best of {len(by_kind['all_reduce'])} {backend} all-reduce timings, latency taken out"
-    sources["ramp_curve"] = f"the {backend} all-reduce timings over {n} ranks, latency taken out, over the best"
     sources.update(p2p_bandwidth_gbps=f"fitted to {backend} send/recv", p2p_latency_s=f"fitted to {backend} send/recv")
     # every rank of this machine is its own node (one device per node), so the whole latency goes to
     # the inter-node steps: an all-reduce over 2 nodes takes 2 of them, and the intra-node part is 0
@@ -336,7 +342,23 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None) -> tuple[Collectiv
     network = LinkParams(latency_s=p["latency_s"] / steps, **link, fits=tuple(fits),
                          sources={**sources, "latency_s": f"fitted all-reduce latency / {steps} inter-node steps"})
     nvlink = LinkParams(latency_s=0.0, **link, sources={**sources, "latency_s": "no intra-node peer: 0"})
-    return CollectiveParams(nvlink=nvlink, network=network), errors, []
+    # The errors are the link model's (the all-reduce sweep and its latency) on every measured
+    # collective: all-gather and reduce-scatter were not used to build it.
+    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        if by_kind[kind]:
+            errors.append(_error(f"collectives.{kind}", [
+                (p["latency_s"] + algorithm_factor(kind, n) * r["bytes"] / (ramp(network, r["bytes"]) * best_busbw * 1e9))
+                / r["time_s"] - 1.0 for r in by_kind[kind]]))
+    errors.append(_error("collectives.send_recv", res))
+    return CollectiveParams(nvlink=nvlink, network=network), errors, notes
+
+
+SWEEP_NOISE = 0.10
+
+
+def _clean_sweep(sweep: list[tuple[float, float]]) -> bool:
+    """Whether time grows with size up to noise: only then is interpolating between points better than the fit."""
+    return all(t1 >= t0 * (1 - SWEEP_NOISE) for (_, t0), (_, t1) in zip(sweep, sweep[1:]))
 
 
 def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = None) -> CalibrationResult:

@@ -71,6 +71,35 @@ def test_fit_recovers_a_known_profile_and_predicts_held_out_gemms():
     assert len(held) == 1 and len(held[0].points) == len(result.held_out)
 
 
+def _with_collectives(all_reduce_times_s: list[float]) -> dict:
+    raw = _synthetic_raw()
+    sizes = [2**e for e in range(12, 12 + 2 * len(all_reduce_times_s), 2)]
+    rows = [{"kind": "all_reduce", "bytes": b, "group_size": 2, "backend": "gloo", "time_s": t}
+            for b, t in zip(sizes, all_reduce_times_s)]
+    rows += [{"kind": "send_recv", "bytes": b, "group_size": 2, "backend": "gloo", "time_s": 1e-4 + b / 2e9}
+             for b in sizes]
+    raw["collectives"] = rows
+    raw["sections"] = {}
+    return raw
+
+
+def test_a_clean_all_reduce_sweep_becomes_the_bandwidth_curve():
+    times = [1e-4 + 2**e / 1e9 for e in range(12, 24, 2)]  # grows with size
+    result = fit_profile(_with_collectives(times))
+    link = result.profile.collectives.network
+    assert link.ramp_curve is not None and len(link.ramp_curve) == len(times)
+    ar = next(e for e in result.fit_errors if e.block == "collectives.all_reduce")
+    assert ar.max_abs < 1e-9  # the model gives back every measured time
+
+
+def test_a_noisy_all_reduce_sweep_keeps_the_smooth_fit_and_says_so():
+    times = [1e-4 + 2**e / 1e9 for e in range(12, 24, 2)]
+    times[2] *= 3  # a smaller size three times slower than the next
+    result = fit_profile(_with_collectives(times))
+    assert result.profile.collectives.network.ramp_curve is None
+    assert any("noisy" in n for n in result.notes)
+
+
 def test_devices_map_to_gpu_specs():
     assert gpu_for_device({"kind": "cpu"}).name == "CPU"
     assert gpu_for_device({"kind": "cuda", "name": "NVIDIA A100-SXM4-40GB", "memory_bytes": 40 * 2**30}).name == "A100-SXM4-40GB"
