@@ -266,22 +266,26 @@ def _links(gpu: GpuSpec, rows: dict, nic_gbps: float) -> CollectiveParams:
         curve = rows["h200_8gpu_allreduce_curve"]["curve"]
         fit = fit_collective([(s, b) for s, b in curve], 8, metric="busbw_gbps", latency_s=ring_latency_s,
                              note="all_reduce_bench, 8x H200, NVLS from 2 MiB [stas-net]")
+        best_nvls, ramp_curve = measured_ramp([(s, 1.75 * s / (b * 1e9)) for s, b in curve], 8, latency_s=ring_latency_s)
+        curve_source = f"the 8x H200 all-reduce curve, 32 KiB-16 GiB, NVLS from 2 MiB ({MD} section 3a, [stas-net])"
         ring = fit_achieved_fraction([367.2, 361.4, 362.9, 370.0, 367.5, 360.0, 350.0], [450] * 7,
                                      note="H200 ring all-reduce/all-gather/reduce-scatter at 16 GiB; H100 ring "
                                           "370, 365-370, 360, 350 GB/s busbw")
         nvlink = LinkParams(
             latency_s=ring_latency_s, max_busbw_gbps=ring.params["achieved_fraction"] * 450,
             half_size_bytes=fit.params["half_size_bytes"], ramp_exponent=fit.params["ramp_exponent"],
-            nvls_max_busbw_gbps=fit.params["max_busbw_gbps"],
+            ramp_curve=ramp_curve, nvls_max_busbw_gbps=best_nvls,
             p2p_bandwidth_gbps=374.0 if gpu.name.startswith("H100") else 396.4,
             p2p_latency_s=p2p_latency,
             sources={
                 "latency_s": latency_source,
                 "max_busbw_gbps": (f"fitted to ring busbw of H100/H200 (nccl-tests#212, nccl#1455, nccl#1281, "
                                    f"[stas-net] H200 16 GiB) ({MD} section 3a)"),
-                "half_size_bytes": f"fitted to the 8x H200 all-reduce curve ({MD} section 3a)",
-                "ramp_exponent": f"fitted to the 8x H200 all-reduce curve ({MD} section 3a)",
-                "nvls_max_busbw_gbps": "fitted to the 8x H200 NVLS all-reduce curve (482 GB/s at 16 GiB)",
+                **{k: f"fitted to {curve_source}; used only outside its sizes"
+                   for k in ("half_size_bytes", "ramp_exponent")},
+                "ramp_curve": (f"{curve_source}: each point's busbw with the latency taken out, over the best; "
+                               "ring collectives take the same shape"),
+                "nvls_max_busbw_gbps": f"the best point of {curve_source}, its latency taken out",
                 "p2p_bandwidth_gbps": (f"H100 p2pBandwidthLatencyTest 371-377 GB/s (nccl#1264); H200 nvbandwidth "
                                        f"396.4 GB/s ({MD} section 3c)"),
                 "p2p_latency_s": "NCCL 2.30.7 Simple protocol: baseLat 8.4 us + NVLink hwLat 3.4 us",

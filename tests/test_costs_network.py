@@ -50,6 +50,12 @@ def test_intra_node_all_reduce_reproduces_every_point_of_the_published_sweep():
         assert min(b0, b1) * 0.95 < COST.busbw_gbps(K.all_reduce, mid, Group(8)) < max(b0, b1) * 1.05
 
 
+def test_h200_full_node_all_reduce_reproduces_its_published_sweep():
+    h200 = build_cost_model(load_cluster("dgx-h200"), load_profile("h200-sxm-141gb-published"), Precision.bf16)
+    for size, busbw in PUBLISHED["h200_8gpu_allreduce_curve"]["curve"]:
+        assert h200.busbw_gbps(K.all_reduce, size, Group(8)) == pytest.approx(busbw, rel=1e-6)
+
+
 def test_multi_node_all_reduce_is_nic_bound_near_192():
     # NVIDIA/nccl#812: DGX A100 with 8x HDR measures 192 GB/s all-reduce busbw.
     for nodes in (2, 8, 32):
