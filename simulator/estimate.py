@@ -199,9 +199,12 @@ def build_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes) -> Pipeline
     return PipelineWork(tuple(stages), send, plan.overlap_grad_reduce, plan.overlap_p2p_comm)
 
 
-def simulate_job(job: Job, profile=None, tokens: float | None = None, record: bool = False) -> Simulation:
+def simulate_job(job: Job, profile=None, tokens: float | None = None, record: bool = False,
+                 layers: LayerTimes | None = None) -> Simulation:
+    """Play one iteration of ``job``; ``layers`` replaces the cost model's per-layer times (e.g. by
+    measured ones, to see what the rest of the model makes of them)."""
     cost = cost_model_for(job, profile)
-    lt = layer_times(job, cost=cost)
+    lt = layers if layers is not None else layer_times(job, cost=cost)
     ext = extra_times(job, cost)
     mem = memory_plan(job)
     work = build_work(job, cost, lt, ext)

@@ -149,6 +149,73 @@ def digitized_table(heading: str) -> dict[str, list[float]]:
     return rows
 
 
+def figure8_digitized() -> dict[tuple[str, bool], tuple[float, float, float]]:
+    """(forward, backward, recompute) % of the baseline layer, keyed by (model name, SP + selective),
+    from the Figure 8 table of korthikanti2022.md ("full recompute" rows, and "present work" for SP + selective)."""
+    text = (resources.files("calibration") / "published" / "korthikanti2022.md").read_text()
+    block = text[text.index("Figure 8 –"):]
+    out = {}
+    for line in block.splitlines()[1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] in FIGURE_NAMES and cells[1] in ("full recompute", "present work"):
+            out[(FIGURE_NAMES[cells[0]], cells[1] == "present work")] = tuple(float(c) for c in cells[2:5])
+        elif out and not line.startswith("|"):
+            break
+    assert len(out) == 2 * len(FIGURE_NAMES), "could not read the Figure 8 table"
+    return out
+
+
+def figure8_layer_job(name: str, sequence_parallel: bool, granularity: str) -> Job:
+    """One layer of a Korthikanti model at its Table 3 micro-batch (4 for 22B, else 1), TP 8."""
+    b = 4 if name == "megatron-22b" else 1
+    plan = ParallelPlan(tensor_parallel_size=8, sequence_parallel=sequence_parallel, micro_batch_size=b,
+                        global_batch_size=b, recompute=RecomputePolicy(granularity=granularity))
+    return Job(model=PRESETS[name], cluster=load_cluster(CLUSTER), plan=plan)
+
+
+@dataclass(frozen=True)
+class PipelineResidual:
+    """A Table 5 row re-simulated with Figure 8's layer: the error left once the layer is the paper's."""
+
+    label: str
+    published: float
+    predicted: float  # the model as it is
+    with_published_layer: float  # the same simulation with Figure 8's layer times
+    pipeline_steps: int  # forward and backward steps each stage plays
+
+    @property
+    def residual_per_step_s(self) -> float:
+        return (self.published - self.with_published_layer) / self.pipeline_steps
+
+
+def pipeline_residuals(profile=None) -> list[PipelineResidual]:
+    """Splits each Table 5 error into its layer part and the rest (pipeline, p2p, optimizer, host).
+
+    Figure 8 gives each configuration's forward, backward and recompute as shares of the baseline
+    layer (no SP, no recompute); applied to the model's own baseline layer, they give the layer
+    times the paper measured relative to it, and the engine plays the rest as usual.
+    """
+    from simulator.estimate import simulate_job
+    from simulator.timing import layer_times
+
+    shares = figure8_digitized()
+    out = []
+    for row in table5_rows():
+        job = table5_job(row)
+        sp = row["parallel"]["sp"]
+        base = layer_times(figure8_layer_job(job.model.name, False, "none"), profile)
+        base_s = base.forward_s + base.backward_s
+        f, b, r = (x / 100 * base_s for x in shares[(job.model.name, sp)])
+        layers = layer_times(job, profile).with_durations(f, b, r)
+        plan = job.plan
+        out.append(PipelineResidual(
+            f"{job.model.name} {'SP + selective' if sp else 'full recompute'}", row["measured"]["iteration_time_s"],
+            simulate_job(job, profile).estimate.iteration_time_s,
+            simulate_job(job, profile, layers=layers).estimate.iteration_time_s,
+            2 * plan.num_micro_batches * plan.virtual_pipeline_stages))
+    return out
+
+
 def _first_stage_layer_bytes(job: Job) -> float:
     from simulator.memory import memory_plan
 

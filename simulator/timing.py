@@ -119,6 +119,15 @@ class LayerTimes:
     def backward_with_recompute_s(self) -> float:
         return self.backward.duration_s
 
+    def with_durations(self, forward_s: float, backward_s: float, recompute_s: float) -> "LayerTimes":
+        """These times with the phases lasting as given (e.g. measured), each timeline scaled to fit."""
+        def scaled(tl: PhaseTimeline, duration_s: float) -> PhaseTimeline:
+            k = duration_s / tl.duration_s if tl.duration_s else 0.0
+            return PhaseTimeline(tl.intervals, duration_s, tl.compute_s * k, tl.tp_comm_s * k, tl.flops)
+
+        return LayerTimes(forward_s, backward_s, recompute_s, scaled(self.forward, forward_s),
+                          scaled(self.backward, backward_s + recompute_s), scaled(self.backward_only, backward_s))
+
 
 @lru_cache(maxsize=4096)
 def _layer_times(layer: LayerGraph, cost: OpCoster) -> LayerTimes:

@@ -108,3 +108,14 @@ def test_trace_has_one_process_per_stage_and_a_thread_per_stream(tmp_path):
     assert {e["pid"] for e in events} == set(range(4))
     assert {e["args"]["name"] for e in events if e.get("name") == "thread_name"} >= {"compute", "tp_comm"}
     assert any(e.get("cat") == "op" and e["name"].endswith("qkv") for e in events)
+
+
+def test_given_layer_times_replace_the_cost_model_and_longer_layers_take_longer():
+    j = job("gpt3-13b", tensor_parallel_size=4, pipeline_parallel_size=4, virtual_pipeline_stages=2,
+            sequence_parallel=True, global_batch_size=16, recompute=RecomputePolicy(granularity="selective"))
+    own = simulate_job(j)
+    lt = own.layer
+    same = simulate_job(j, layers=lt.with_durations(lt.forward_s, lt.backward_s, lt.recompute_s))
+    assert same.estimate.iteration_time_s == pytest.approx(own.estimate.iteration_time_s, rel=1e-12)
+    slower = simulate_job(j, layers=lt.with_durations(lt.forward_s * 1.1, lt.backward_s * 1.1, lt.recompute_s * 1.1))
+    assert own.estimate.iteration_time_s < slower.estimate.iteration_time_s < 1.1 * own.estimate.iteration_time_s

@@ -53,3 +53,23 @@ def test_selective_recompute_overhead_is_a_few_percent_and_full_about_a_third():
     base = base_f.predicted + base_b.predicted
     assert 0.30 <= (full_f.predicted + full_b.predicted) / base - 1 <= 0.45
     assert 0.0 < (sel_f.predicted + sel_b.predicted) / base - 1 <= 0.10
+
+
+def test_figure8_digitized_rows_add_up_to_their_totals():
+    # the table's last column is the bar's total; the reader takes the three segments
+    shares = k.figure8_digitized()
+    assert len(shares) == 8
+    totals = {("megatron-22b", False): 140.7, ("megatron-22b", True): 104.2, ("gpt3-175b", False): 138.5,
+              ("gpt3-175b", True): 103.4, ("mt-nlg-530b", False): 135.3, ("mt-nlg-530b", True): 101.6,
+              ("megatron-1t", False): 136.4, ("megatron-1t", True): 102.7}
+    for key, total in totals.items():
+        assert sum(shares[key]) == pytest.approx(total, abs=0.15), key
+
+
+def test_with_the_paper_layer_the_unpipelined_22b_rows_come_within_3_percent():
+    """22B runs one stage and one micro-batch: with Figure 8's layer, what is left is the embedding,
+    the output layer and the optimizer step, which the model must then get right."""
+    rows = [r for r in k.pipeline_residuals() if r.label.startswith("megatron-22b")]
+    assert len(rows) == 2
+    for r in rows:
+        assert abs(r.with_published_layer / r.published - 1) <= 0.03, r.label
