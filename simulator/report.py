@@ -192,7 +192,7 @@ def _validation(sp_backward_gap: float) -> tuple[list[str], dict]:
     sp_rows = [c for c in t5 if "SP" in c.label]
     over = [c.label for c in t5 + [dp] if abs(c.relative_error) > 0.08]
     lines += ["", f"Mean absolute error {k.mean_abs_error(t5) * 100:.1f}% over the eight rows, "
-              f"{k.mean_abs_error(t5 + [dp]) * 100:.1f}% with the 2,240-GPU point (the gate: 4% mean, 8% each; "
+              f"{k.mean_abs_error(t5 + [dp]) * 100:.1f}% with the 2,240-GPU point (the tests' tolerance: 4% mean, 8% each; "
               f"{'past 8%: ' + ', '.join(over) if over else 'none past 8%'}). "
               f"The SP + selective rows are the optimistic ones ({_pct(min(c.relative_error for c in sp_rows))} "
               f"to {_pct(max(c.relative_error for c in sp_rows))}): Figure 8 below shows the model's forward and recompute "
