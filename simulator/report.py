@@ -182,13 +182,7 @@ def _validation(sp_backward_gap: float) -> tuple[list[str], dict]:
     lines += _table(["configuration", "published", "predicted", "error"],
                     [[c.label, f"{c.published:.2f}", f"{c.predicted:.2f}", _pct(c.relative_error)] for c in t5 + [dp]])
     dp_mfu = k.data_parallel_mfu()
-    single = next(c for c in t5 if c.label == "mt-nlg-530b SP + selective")
-    single_full = next(c for c in t5 if c.label == "mt-nlg-530b full recompute")
-    full_dp = dp_mfu[1]
-    # the same FLOPs per GPU at the published MFU: predicted time x predicted MFU / published MFU
-    full_dp_time = k.data_parallel_time(False).predicted * full_dp.predicted / full_dp.published
-    dp_step_pub = (dp.published - single.published, full_dp_time - single_full.published)
-    dp_step_model = dp.predicted - single.predicted
+    dp_sel, dp_full = k.data_parallel_steps()
     sp_rows = [c for c in t5 if "SP" in c.label]
     over = [c.label for c in t5 + [dp] if abs(c.relative_error) > 0.08]
     lines += ["", f"Mean absolute error {k.mean_abs_error(t5) * 100:.1f}% over the eight rows, "
@@ -198,10 +192,11 @@ def _validation(sp_backward_gap: float) -> tuple[list[str], dict]:
               f"to {_pct(max(c.relative_error for c in sp_rows))}): Figure 8 below shows the model's forward and recompute "
               f"shares on the paper's, and its SP backward {sp_backward_gap:.1f} points of the layer short on average. "
               f"Going from 280 to 2,240 GPUs (8-way data parallelism, no overlap) cost the paper's runs "
-              f"{dp_step_pub[0]:.2f} s per iteration with SP + selective and {dp_step_pub[1]:.2f} s with full "
-              f"recompute (derived from the abstract's {full_dp.published * 100:.1f}% MFU: the same FLOPs at that "
-              f"MFU), {dp_step_pub[0] / dp_step_model:.1f}x the {dp_step_model:.2f} s the model gives for sending each "
-              "GPU's fp32 gradients around a ring through its own HDR NIC.", "",
+              f"{dp_sel.published:.2f} s per iteration with SP + selective and {dp_full.published:.2f} s with full "
+              f"recompute (derived from the abstract's {dp_mfu[1].published * 100:.1f}% MFU: the same FLOPs at that "
+              f"MFU), against the model's {dp_sel.predicted:.2f} s and {dp_full.predicted:.2f} s for sending each "
+              f"GPU's fp32 gradients around a ring through its own HDR NIC ({dp_sel.published / dp_sel.predicted:.1f}x "
+              f"and {dp_full.published / dp_full.predicted:.1f}x).", "",
               "MFU of the SP + selective rows, and of the two 2,240-GPU runs (the abstract's configuration is not "
               "stated: taken as Table 5's full-recompute column with 8-way DP):", ""]
     lines += _table(["model", "published", "predicted"],
