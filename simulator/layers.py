@@ -293,6 +293,8 @@ def _forward(model: ModelSpec, plan: LayerKey, dm: _Dims) -> nx.DiGraph:
     fp8 = plan.fp8  # Transformer Engine runs the linear layers in FP8; attention and the output layer stay bf16
     g.add(_gemm("qkv", GemmShape(tokens, qkv_width, h, fp8=fp8),
                 saves=(SavedTensor("qkv.input", col_input_numel, ab),)))
+    if model.add_bias_linear:  # ColumnParallelLinear adds its bias after the GEMM (fc1's is fused into GeLU)
+        g.add(_elementwise("qkv.bias_add", tokens * qkv_width, 1, 1, ab))
     if model.position_embedding_type is PositionEmbedding.rope:
         g.add(_elementwise("rotary", tokens * (dm.a * dm.d + dm.kv), 1, 1, ab))
     q_numel, kv_numel = tokens * dm.a * dm.d, tokens * dm.kv
@@ -323,6 +325,8 @@ def _forward(model: ModelSpec, plan: LayerKey, dm: _Dims) -> nx.DiGraph:
         # without dropout the context GEMM keeps the softmax output, already counted once
         g.add(_gemm("attention_context", GemmShape(s, dm.d, s, batch=b * dm.a), kind=OpKind.batched_gemm,
                     region=CORE_ATTENTION, saves=tuple(context_saves)))
+        # [b * heads, s, d] -> [s, b, heads * d] for the projection: permute(...).contiguous() copies
+        g.add(_elementwise("attention_context.copy", q_numel, 1, 1, ab, region=CORE_ATTENTION))
     g.add(_gemm("attention_proj", GemmShape(tokens, h, dm.a * dm.d, fp8=fp8),
                 saves=(SavedTensor("attention_proj.input", q_numel, ab),)))
     if t > 1:
@@ -406,6 +410,7 @@ def _backward(model: ModelSpec, plan: LayerKey, dm: _Dims, fwd: nx.DiGraph) -> n
     else:
         probs = dm.b * dm.a * dm.s * dm.s
         ctx, sc = ops["attention_context"].gemm, ops["attention_scores"].gemm
+        eltwise_bwd("attention_context.copy", tokens * dm.a * dm.d, 1, 1)  # back to [b * heads, s, d]
         g.add(_gemm("attention_context.dgrad_probs", GemmShape(ctx.m, ctx.k, ctx.n, ctx.batch), kind=OpKind.batched_gemm))
         g.add(_gemm("attention_context.dgrad_v", GemmShape(ctx.k, ctx.n, ctx.m, ctx.batch), kind=OpKind.batched_gemm))
         if model.attention_dropout > 0:
@@ -415,6 +420,8 @@ def _backward(model: ModelSpec, plan: LayerKey, dm: _Dims, fwd: nx.DiGraph) -> n
         g.add(_gemm("attention_scores.dgrad_k", GemmShape(sc.n, sc.k, sc.m, sc.batch), kind=OpKind.batched_gemm))
     if model.position_embedding_type is PositionEmbedding.rope:
         eltwise_bwd("rotary", tokens * (dm.a * dm.d + dm.kv), 1, 1)
+    # q, k and v were views of the fused QKV output: autograd assembles their gradients into one tensor
+    eltwise_bwd("qkv.split", tokens * (dm.a * dm.d + 2 * dm.kv), 1, 1)
     last = _backward_linear(g, "qkv", ops["qkv"].gemm, dm, column_parallel=True, after=g.last,
                             bias=model.add_bias_linear)
     g.add(_norm_backward("input_norm", n_local, ab), after=(last,))
