@@ -167,9 +167,10 @@ def fast_iteration_time_s(work: PipelineWork, num_micro_batches: int) -> float:
     """Closed-form iteration time over the engine's own per-step durations.
 
     1F1B keeps the slowest stage busy for m micro-batches and pays (p - 1) / v of a mean stage's
-    micro-batch work to fill and drain the pipeline (exact for uniform stages); activations cross
-    p v - 1 links each way, and blocking sends hold every step; the gradient reduction and the
-    optimizer close the iteration.
+    micro-batch work to fill and drain the pipeline (exact for uniform stages); the gradient
+    reduction and the optimizer close the iteration. Blocking sends hold every step, so they are
+    part of each micro-batch's work, fill and drain included; sends that run beside compute still
+    put the p v - 1 crossings of the first activation and the last gradient on the critical path.
     """
     p = len(work.stages)
     v = len(work.stages[0].forward_s)
@@ -178,7 +179,7 @@ def fast_iteration_time_s(work: PipelineWork, num_micro_batches: int) -> float:
     blocking = [0.0 if work.overlap_p2p or p == 1 else v * (send[i] + send[i - 1]) for i in range(p)]
     per_mb = [sum(s.forward_s) + sum(s.backward_s) + blocking[i] for i, s in enumerate(work.stages)]
     fill = (p - 1) / v * (sum(per_mb) / p)
-    transfers = 2 * (p * v - 1) * sum(send) / p if p > 1 else 0.0
+    transfers = 2 * (p * v - 1) * sum(send) / p if p > 1 and work.overlap_p2p else 0.0
     if work.overlap_grad_reduce:
         reduce = max(s.grad_reduce_s[0] for s in work.stages)
     else:
