@@ -397,7 +397,7 @@ def _backward(model: ModelSpec, plan: LayerKey, dm: _Dims, fwd: nx.DiGraph) -> n
     g.add(_norm_backward("pre_mlp_norm", n_local, ab), after=(last,))
     # the norm's input is also the residual: autograd adds the two gradients
     g.add(_elementwise("pre_mlp_norm.residual_grad_add", n_local, 2, 1, ab))
-    eltwise_bwd("attention_dropout_add", n_local, 2, 1, mask=model.hidden_dropout > 0)
+    eltwise_bwd("attention_dropout_add", n_local, 1, 1, mask=model.hidden_dropout > 0)
     if t > 1 and dm.sp:
         g.add(_coll("attention_proj.grad_all_gather", CollectiveKind.all_gather, full_act, t))
     _backward_linear(g, "attention_proj", ops["attention_proj"].gemm, dm, column_parallel=False, after=g.last,
@@ -487,19 +487,32 @@ def _embedding_extras(model: ModelSpec, key: LayerKey) -> StageExtras:
     dm = _dims(model, key)
     f, b = _Builder(), _Builder()
     full_act = dm.tokens * dm.h * dm.ab
+    learned = model.position_embedding_type is PositionEmbedding.learned_absolute
     f.add(_elementwise("embedding", dm.tokens * dm.h, 1, 1, dm.ab))
     if dm.t > 1:
         kind = CollectiveKind.reduce_scatter if dm.sp else CollectiveKind.all_reduce
         f.add(_coll(f"embedding_{kind.value}", kind, full_act, dm.t))
     n = dm.local_tokens * dm.h
+    if learned:  # the position table's rows added to the token rows
+        f.add(_elementwise("embedding.position_add", n, 2, 1, dm.ab))
+    f.add(_elementwise("embedding.transpose", n, 1, 1, dm.ab))  # [b, s, h] -> [s, b, h], contiguous
     if model.hidden_dropout > 0:
         f.add(_elementwise("embedding_dropout", n, 1, 1, dm.ab, mask=True,
                            saves=(SavedTensor("embedding_dropout.mask", n, MASK_BYTES),)))
         b.add(_elementwise("embedding_dropout.backward", n, 1, 1, dm.ab, mask=True))
     if dm.t > 1 and dm.sp:
         b.add(_coll("embedding.grad_all_gather", CollectiveKind.all_gather, full_act, dm.t))
-    # the weight gradient is a scatter-add of token rows into the fp32 gradient buffer
-    b.add(_elementwise("embedding.backward", dm.tokens * dm.h, 1, 2 * FP32_BYTES / dm.ab, dm.ab))
+    # The embedding's weight gradient is dense: a zeroed [vocab / t, h] tensor in the weights' dtype
+    # that the token rows are scattered into, then added to the fp32 main_grad by Megatron's
+    # gradient-accumulation hook (the one weight without a fused wgrad).
+    b.add(_elementwise("embedding.transpose.backward", n, 1, 1, dm.ab))
+    tables = [("embedding", model.vocab_size // dm.t * dm.h, dm.tokens * dm.h)]
+    if learned:  # the position table is not split over TP; under SP each rank has its own tokens' rows
+        tables.append(("embedding.position", model.seq_length * dm.h, n))
+    for name, table, rows in tables:
+        b.add(_elementwise(f"{name}.backward", rows, 1, 1, dm.ab))
+        b.add(_elementwise(f"{name}.grad_zero", table, 0, 1, dm.ab))
+        b.add(_elementwise(f"{name}.grad_accumulate", table, 1 + 2 * FP32_BYTES / dm.ab, FP32_BYTES / dm.ab, dm.ab))
     return StageExtras(f.graph, b.graph)
 
 
@@ -520,11 +533,16 @@ def _output_extras(model: ModelSpec, key: LayerKey) -> StageExtras:
         f.add(_coll("output_all_gather", CollectiveKind.all_gather, full_act, dm.t))
     shape = GemmShape(dm.tokens, vocab, dm.h)
     f.add(_gemm("output_layer", shape, saves=(SavedTensor("output_layer.input", dm.local_tokens * dm.h, dm.ab),)))
-    f.add(_elementwise("cross_entropy", logits, 1, FP32_BYTES / dm.ab, dm.ab,
+    # Megatron's vocabulary-parallel cross-entropy on fp32 logits: the cast, then max, subtract,
+    # exp, sum and divide in place (five reads and three writes of fp32), keeping the softmax
+    fp32 = FP32_BYTES / dm.ab
+    f.add(_elementwise("cross_entropy.cast", logits, 1, fp32, dm.ab))
+    f.add(_elementwise("cross_entropy", logits, 5 * fp32, 3 * fp32, dm.ab,
                        saves=(SavedTensor("cross_entropy.softmax", logits, FP32_BYTES),)))
     if dm.t > 1:  # max, sum of exponentials and target logit, one fp32 per token each
         f.add(_coll("cross_entropy_all_reduce", CollectiveKind.all_reduce, 3 * dm.tokens * FP32_BYTES, dm.t))
-    b.add(_elementwise("cross_entropy.backward", logits, FP32_BYTES / dm.ab, 1, dm.ab))
+    # the softmax scaled by the loss gradient in place, then cast back to the logits' dtype
+    b.add(_elementwise("cross_entropy.backward", logits, 2 * fp32, fp32 + 1, dm.ab))
     _backward_linear(b, "output_layer", shape, dm, column_parallel=True, after=b.last)
     b.add(_norm_backward("final_norm", dm.local_tokens * dm.h, dm.ab))
     return StageExtras(f.graph, b.graph)

@@ -23,9 +23,9 @@ def test_table5_mean_error_at_most_4_percent(table5):
     assert k.mean_abs_error(table5) <= 0.04
 
 
-@pytest.mark.xfail(strict=True, reason="the 2,240-GPU run's data-parallel step cost 2.2x what one HDR NIC per GPU "
-                                       "gives; see reports/README.md section 2")
 def test_data_parallel_point_within_8_percent_and_the_mean_with_it_at_most_4():
+    # The run's data-parallel step cost 2.2x what the model gives (reports/README.md section 2);
+    # the point passes on the rest of the iteration, with little room.
     comparisons = k.table5() + [k.data_parallel_point()]
     assert abs(comparisons[-1].relative_error) <= 0.08
     assert k.mean_abs_error(comparisons) <= 0.04
