@@ -502,17 +502,17 @@ def _embedding_extras(model: ModelSpec, key: LayerKey) -> StageExtras:
         b.add(_elementwise("embedding_dropout.backward", n, 1, 1, dm.ab, mask=True))
     if dm.t > 1 and dm.sp:
         b.add(_coll("embedding.grad_all_gather", CollectiveKind.all_gather, full_act, dm.t))
+    b.add(_elementwise("embedding.transpose.backward", n, 1, 1, dm.ab))
     # The embedding's weight gradient is dense: a zeroed [vocab / t, h] tensor in the weights' dtype
     # that the token rows are scattered into, then added to the fp32 main_grad by Megatron's
-    # gradient-accumulation hook (the one weight without a fused wgrad).
-    b.add(_elementwise("embedding.transpose.backward", n, 1, 1, dm.ab))
+    # gradient-accumulation hook (reads both, writes main_grad: the one weight without a fused wgrad).
     tables = [("embedding", model.vocab_size // dm.t * dm.h, dm.tokens * dm.h)]
     if learned:  # the position table is not split over TP; under SP each rank has its own tokens' rows
         tables.append(("embedding.position", model.seq_length * dm.h, n))
     for name, table, rows in tables:
         b.add(_elementwise(f"{name}.backward", rows, 1, 1, dm.ab))
         b.add(_elementwise(f"{name}.grad_zero", table, 0, 1, dm.ab))
-        b.add(_elementwise(f"{name}.grad_accumulate", table, 1 + 2 * FP32_BYTES / dm.ab, FP32_BYTES / dm.ab, dm.ab))
+        b.add(_elementwise(f"{name}.grad_accumulate", table, 1 + FP32_BYTES / dm.ab, FP32_BYTES / dm.ab, dm.ab))
     return StageExtras(f.graph, b.graph)
 
 
@@ -536,13 +536,15 @@ def _output_extras(model: ModelSpec, key: LayerKey) -> StageExtras:
     # Megatron's vocabulary-parallel cross-entropy on fp32 logits: the cast, then max, subtract,
     # exp, sum and divide in place (five reads and three writes of fp32), keeping the softmax
     fp32 = FP32_BYTES / dm.ab
-    f.add(_elementwise("cross_entropy.cast", logits, 1, fp32, dm.ab))
+    cast = dm.ab != FP32_BYTES
+    if cast:
+        f.add(_elementwise("cross_entropy.cast", logits, 1, fp32, dm.ab))
     f.add(_elementwise("cross_entropy", logits, 5 * fp32, 3 * fp32, dm.ab,
                        saves=(SavedTensor("cross_entropy.softmax", logits, FP32_BYTES),)))
     if dm.t > 1:  # max, sum of exponentials and target logit, one fp32 per token each
         f.add(_coll("cross_entropy_all_reduce", CollectiveKind.all_reduce, 3 * dm.tokens * FP32_BYTES, dm.t))
     # the softmax scaled by the loss gradient in place, then cast back to the logits' dtype
-    b.add(_elementwise("cross_entropy.backward", logits, 2 * fp32, fp32 + 1, dm.ab))
+    b.add(_elementwise("cross_entropy.backward", logits, fp32 * (2 if cast else 1), fp32 + (1 if cast else 0), dm.ab))
     _backward_linear(b, "output_layer", shape, dm, column_parallel=True, after=b.last)
     b.add(_norm_backward("final_norm", dm.local_tokens * dm.h, dm.ab))
     return StageExtras(f.graph, b.graph)
