@@ -112,7 +112,7 @@ def data_parallel_mfu(profile=None) -> list[Comparison]:
     42.1% "using recomputation", whose configuration the paper does not state: taken here as the
     Table 5 full-recompute column with 8-way DP. Not gated; they say whether the data-parallel step
     the 6.3 point implies shows up in the other run too."""
-    return [c for c, _ in _data_parallel_runs(profile)]
+    return [mfu for mfu, _, _ in _data_parallel_runs(profile)]
 
 
 def data_parallel_steps(profile=None) -> list[Comparison]:
@@ -123,9 +123,8 @@ def data_parallel_steps(profile=None) -> list[Comparison]:
     from simulator.estimate import estimate
 
     out = []
-    for mfu, sp in _data_parallel_runs(profile):
+    for mfu, sp, wide in _data_parallel_runs(profile):
         single = estimate(_data_parallel_job(sp, 1), profile).iteration_time_s
-        wide = estimate(_data_parallel_job(sp, DATA_PARALLEL_POINT["data_parallel_size"]), profile)
         published_single = next(r for r in table5_rows() if r["model"]["params_b"] == DATA_PARALLEL_POINT["model"]
                                 and r["parallel"]["sp"] is sp)["measured"]["iteration_time_s"]
         published_wide = (DATA_PARALLEL_POINT["iteration_time_s"] if sp
@@ -135,16 +134,18 @@ def data_parallel_steps(profile=None) -> list[Comparison]:
     return out
 
 
-def _data_parallel_runs(profile=None) -> list[tuple[Comparison, bool]]:
+@lru_cache(maxsize=4)
+def _data_parallel_runs(profile=None) -> tuple:
+    """(MFU comparison, SP + selective, estimate) of each 2,240-GPU run."""
     from simulator.estimate import estimate
 
     out = []
     for table, sp in (("Sec. 6.3", True), ("Abstract", False)):
         pub = next(r for r in published_rows() if r["table"].startswith(table))
-        job = _data_parallel_job(sp, DATA_PARALLEL_POINT["data_parallel_size"])
+        est = estimate(_data_parallel_job(sp, DATA_PARALLEL_POINT["data_parallel_size"]), profile)
         label = f"mt-nlg-530b {'SP + selective' if sp else 'full recompute'}, DP 8 (2,240 GPUs) MFU"
-        out.append((Comparison(label, estimate(job, profile).mfu, pub["measured"]["mfu"]), sp))
-    return out
+        out.append((Comparison(label, est.mfu, pub["measured"]["mfu"]), sp, est))
+    return tuple(out)
 
 
 def table4_job(sequence_parallel: bool, granularity: RecomputeGranularity) -> Job:
@@ -176,19 +177,24 @@ FIGURE7_STRATEGIES = (("+ sequence parallel", True, "none"), ("+ selective recom
                       ("+ SP + selective", True, "selective"), ("full recompute", False, "full"))
 
 
+def _table_rows(heading: str) -> list[list[str]]:
+    """The cells of each row of the Markdown table under ``heading`` in korthikanti2022.md."""
+    text = (resources.files("calibration") / "published" / "korthikanti2022.md").read_text()
+    rows = []
+    for line in text[text.index(heading):].splitlines()[1:]:
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    return rows
+
+
 def digitized_table(heading: str) -> dict[str, list[float]]:
     """The rows (22B, 175B, 530B, 1T) of the Markdown table under ``heading`` in korthikanti2022.md."""
     import re
 
-    text = (resources.files("calibration") / "published" / "korthikanti2022.md").read_text()
-    block = text[text.index(heading):]
-    rows: dict[str, list[float]] = {}
-    for line in block.splitlines()[1:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and cells[0] in FIGURE_NAMES:
-            rows[cells[0]] = [float(re.sub(r"[^0-9.]", "", c)) for c in cells[1:]]
-        elif rows and not line.startswith("|"):
-            break
+    rows = {cells[0]: [float(re.sub(r"[^0-9.]", "", c)) for c in cells[1:]]
+            for cells in _table_rows(heading) if cells[0] in FIGURE_NAMES}
     assert set(rows) == set(FIGURE_NAMES), f"could not read the table under {heading!r}"
     return rows
 
@@ -196,15 +202,9 @@ def digitized_table(heading: str) -> dict[str, list[float]]:
 def figure8_digitized() -> dict[tuple[str, bool], tuple[float, float, float]]:
     """(forward, backward, recompute) % of the baseline layer, keyed by (model name, SP + selective),
     from the Figure 8 table of korthikanti2022.md ("full recompute" rows, and "present work" for SP + selective)."""
-    text = (resources.files("calibration") / "published" / "korthikanti2022.md").read_text()
-    block = text[text.index("Figure 8 –"):]
-    out = {}
-    for line in block.splitlines()[1:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and cells[0] in FIGURE_NAMES and cells[1] in ("full recompute", "present work"):
-            out[(FIGURE_NAMES[cells[0]], cells[1] == "present work")] = tuple(float(c) for c in cells[2:5])
-        elif out and not line.startswith("|"):
-            break
+    out = {(FIGURE_NAMES[cells[0]], cells[1] == "present work"): tuple(float(c) for c in cells[2:5])
+           for cells in _table_rows("Figure 8 –")
+           if cells[0] in FIGURE_NAMES and cells[1] in ("full recompute", "present work")}
     assert len(out) == 2 * len(FIGURE_NAMES), "could not read the Figure 8 table"
     return out
 

@@ -59,40 +59,33 @@ def test_corrupt_json_is_a_profile_error(tmp_path):
         load_profile(bad)
 
 
-def test_wrong_schema_version_is_a_profile_error(tmp_path, a100):
-    data = json.loads(a100.model_dump_json())
-    data["schema_version"] = 2
-    path = tmp_path / "v2.json"
+def _load_changed(tmp_path, profile, change):
+    """Load ``profile`` written back after ``change`` edited its JSON data."""
+    data = json.loads(profile.model_dump_json())
+    change(data)
+    path = tmp_path / "changed.json"
     path.write_text(json.dumps(data))
+    return load_profile(path)
+
+
+def test_wrong_schema_version_is_a_profile_error(tmp_path, a100):
     with pytest.raises(ProfileError, match="schema_version=2"):
-        load_profile(path)
+        _load_changed(tmp_path, a100, lambda d: d.update(schema_version=2))
 
 
 def test_missing_field_is_a_profile_error(tmp_path, a100):
-    data = json.loads(a100.model_dump_json())
-    del data["gemm"]["max_efficiency"]
-    path = tmp_path / "missing.json"
-    path.write_text(json.dumps(data))
     with pytest.raises(ProfileError, match="max_efficiency"):
-        load_profile(path)
+        _load_changed(tmp_path, a100, lambda d: d["gemm"].pop("max_efficiency"))
 
 
 def test_parameter_without_source_is_rejected(tmp_path, a100):
-    data = json.loads(a100.model_dump_json())
-    del data["elementwise"]["sources"]["achieved_fraction"]
-    path = tmp_path / "nosource.json"
-    path.write_text(json.dumps(data))
     with pytest.raises(ProfileError, match="sources"):
-        load_profile(path)
+        _load_changed(tmp_path, a100, lambda d: d["elementwise"]["sources"].pop("achieved_fraction"))
 
 
 def test_a_ramp_curve_out_of_order_is_a_profile_error(tmp_path, a100):
-    data = json.loads(a100.model_dump_json())
-    data["collectives"]["nvlink"]["ramp_curve"].reverse()
-    path = tmp_path / "unsorted.json"
-    path.write_text(json.dumps(data))
     with pytest.raises(ProfileError, match="ramp_curve sizes must increase"):
-        load_profile(path)
+        _load_changed(tmp_path, a100, lambda d: d["collectives"]["nvlink"]["ramp_curve"].reverse())
 
 
 def test_unknown_name_is_a_profile_error():
