@@ -68,7 +68,7 @@ class GemmShape:
     n: int
     k: int
     batch: int = 1
-    accumulate_fp32: bool = False  # C += A @ B into an fp32 buffer (weight gradients into main_grad)
+    accumulate_bytes: int = 0  # C += A @ B into a buffer of this element size (weight gradients into main_grad)
     fp8: bool = False  # FP8 inputs (Transformer Engine linear layers), output in the activation dtype
 
     @property
@@ -133,6 +133,7 @@ class _Dims:
     sp: bool
     ab: int  # activation bytes per element
     mlp_in: int  # fc1 output width on this rank (2f with SwiGLU)
+    gb: int = FP32_BYTES  # gradient buffer (main_grad) bytes per element
 
     @property
     def tokens(self) -> int:
@@ -155,11 +156,13 @@ class LayerKey:
     use_flash_attention: bool
     granularity: RecomputeGranularity
     fp8: bool = False  # the four linear layers' GEMMs in FP8
+    grad_bytes: int = 4  # element size of main_grad, which weight gradients accumulate into
 
     @staticmethod
     def of(plan: ParallelPlan) -> "LayerKey":
         return LayerKey(plan.tensor_parallel_size, plan.sequence_parallel, plan.micro_batch_size, plan.precision,
-                        plan.use_flash_attention, plan.recompute.granularity, plan.fp8_format is not None)
+                        plan.use_flash_attention, plan.recompute.granularity, plan.fp8_format is not None,
+                        plan.grad_bytes)
 
 
 def _dims(model: ModelSpec, plan: "LayerKey") -> _Dims:
@@ -177,6 +180,7 @@ def _dims(model: ModelSpec, plan: "LayerKey") -> _Dims:
         sp=plan.sequence_parallel,
         ab=plan.precision.activation_bytes,
         mlp_in=2 * f if model.swiglu else f,
+        gb=plan.grad_bytes,
     )
 
 
@@ -261,6 +265,37 @@ def ordered_ops(graph: nx.DiGraph) -> list[Op]:
     return list(order)
 
 
+def fused_softmax_available(seq: int, attention_batches: int, half_precision: bool) -> bool:
+    """Whether Megatron's fused causal scale-mask-softmax kernel takes the scores
+    (``FusedScaleMaskSoftmax.is_kernel_available``): half-precision input, 16 < s <= 16384, s a
+    multiple of 4, and the b x heads-per-rank score matrices a multiple of the kernel's batches per
+    thread block (4 for s > 128; more for shorter rows). Otherwise PyTorch's ops run the softmax."""
+    if not half_precision or not 16 < seq <= 16384 or seq % 4:
+        return False
+    warp = min(1 << (seq - 1).bit_length(), 32)
+    per_block = (128 // warp) * (2 if seq <= 128 else 1)
+    return attention_batches % 4 == 0 and attention_batches % per_block == 0
+
+
+def _softmax_steps(dm: _Dims, precision: Precision) -> tuple[tuple[str, float, float], ...]:
+    """The softmax's kernels as (name, bytes read, bytes written) per score element.
+
+    Fused: one kernel in the activation dtype. Otherwise Megatron's PyTorch path: the scores cast to
+    fp32 (``attention_softmax_in_fp32``), scaled by 1 / layer number under fp16's query-key layer
+    scaling, masked in place, the softmax, and the cast back.
+    """
+    ab = dm.ab
+    half = precision is not Precision.fp32
+    if fused_softmax_available(dm.s, dm.b * dm.a, half) or not half:
+        return (("softmax", ab, ab),)
+    steps = [("softmax.cast_fp32", ab, FP32_BYTES)]
+    if precision is Precision.fp16:
+        steps.append(("softmax.scale", FP32_BYTES, FP32_BYTES))
+    steps += [("softmax.mask", FP32_BYTES, FP32_BYTES), ("softmax", FP32_BYTES, FP32_BYTES),
+              ("softmax.cast_back", FP32_BYTES, ab)]
+    return tuple(steps)
+
+
 def _norm(name: str, dm: _Dims, model: ModelSpec, saves: bool = True) -> Op:
     n = dm.local_tokens * dm.h
     saved = (SavedTensor(f"{name}.input", n, dm.ab),) if saves else ()
@@ -315,9 +350,13 @@ def _forward(model: ModelSpec, plan: LayerKey, dm: _Dims) -> nx.DiGraph:
         scores = GemmShape(s, s, dm.d, batch=b * dm.a)
         g.add(_gemm("attention_scores", scores, kind=OpKind.batched_gemm, region=CORE_ATTENTION, saves=(
             SavedTensor("q", q_numel, ab, region_input=True), SavedTensor("k", kv_numel, ab, region_input=True))))
-        g.add(_elementwise("softmax", probs, 1, 1, ab, region=CORE_ATTENTION,
-                           saves=(SavedTensor("softmax.output", probs, ab),)))
+        softmax = _softmax_steps(dm, plan.precision)
+        for name, read, write in softmax:  # the softmax keeps its output, in the dtype it computes in
+            saves = (SavedTensor("softmax.output", probs, int(write)),) if name == "softmax" else ()
+            g.add(_elementwise(name, probs, read / ab, write / ab, ab, region=CORE_ATTENTION, saves=saves))
         context_saves = [SavedTensor("v", kv_numel, ab, region_input=True)]
+        if len(softmax) > 1 and model.attention_dropout == 0:  # the context GEMM keeps the cast-back copy
+            context_saves.append(SavedTensor("softmax.cast_back.output", probs, ab))
         if model.attention_dropout > 0:
             g.add(_elementwise("attention_dropout", probs, 1, 1, ab, region=CORE_ATTENTION, mask=True,
                                saves=(SavedTensor("attention_dropout.mask", probs, MASK_BYTES),)))
@@ -366,8 +405,8 @@ def _backward_linear(g: _Builder, name: str, shape: GemmShape, dm: _Dims, column
     if column_parallel and dm.t > 1:
         kind = CollectiveKind.reduce_scatter if dm.sp else CollectiveKind.all_reduce
         reduce = g.add(_coll(f"{name}.dgrad_{kind.value}", kind, full_act, dm.t), after=(dgrad,))
-    # Megatron's gradient-accumulation fusion: the weight gradient accumulates into fp32 main_grad
-    wgrad_shape = GemmShape(shape.k, shape.n, shape.m, accumulate_fp32=True, fp8=shape.fp8)
+    # Megatron's gradient-accumulation fusion: the weight gradient accumulates into main_grad
+    wgrad_shape = GemmShape(shape.k, shape.n, shape.m, accumulate_bytes=dm.gb, fp8=shape.fp8)
     wgrad = g.add(_gemm(f"{name}.wgrad", wgrad_shape),
                   after=(dgrad,) + ((gather,) if gather else ()))
     if bias:  # grad_output.sum(0): one read of the output gradient (on s/t tokens after a reduce-scatter)
@@ -415,7 +454,11 @@ def _backward(model: ModelSpec, plan: LayerKey, dm: _Dims, fwd: nx.DiGraph) -> n
         g.add(_gemm("attention_context.dgrad_v", GemmShape(ctx.k, ctx.n, ctx.m, ctx.batch), kind=OpKind.batched_gemm))
         if model.attention_dropout > 0:
             eltwise_bwd("attention_dropout", probs, 1, 1, mask=True)
-        eltwise_bwd("softmax", probs, 2, 1)
+        for name, read, write in reversed(_softmax_steps(dm, plan.precision)):
+            if name == "softmax":  # reads its output and the gradient, writes the input gradient
+                eltwise_bwd(name, probs, 3 * write / ab - 1, 1)
+            else:  # the gradient passes through: read in one dtype, written in the other
+                eltwise_bwd(name, probs, write / ab, read / ab)
         g.add(_gemm("attention_scores.dgrad_q", GemmShape(sc.m, sc.k, sc.n, sc.batch), kind=OpKind.batched_gemm))
         g.add(_gemm("attention_scores.dgrad_k", GemmShape(sc.n, sc.k, sc.m, sc.batch), kind=OpKind.batched_gemm))
     if model.position_embedding_type is PositionEmbedding.rope:
@@ -504,7 +547,7 @@ def _embedding_extras(model: ModelSpec, key: LayerKey) -> StageExtras:
         b.add(_coll("embedding.grad_all_gather", CollectiveKind.all_gather, full_act, dm.t))
     b.add(_elementwise("embedding.transpose.backward", n, 1, 1, dm.ab))
     # The embedding's weight gradient is dense: a zeroed [vocab / t, h] tensor in the weights' dtype
-    # that the token rows are scattered into, then added to the fp32 main_grad by Megatron's
+    # that the token rows are scattered into, then added to main_grad by Megatron's
     # gradient-accumulation hook (reads both, writes main_grad: the one weight without a fused wgrad).
     tables = [("embedding", model.vocab_size // dm.t * dm.h, dm.tokens * dm.h)]
     if learned:  # the position table is not split over TP; under SP each rank has its own tokens' rows
@@ -512,7 +555,7 @@ def _embedding_extras(model: ModelSpec, key: LayerKey) -> StageExtras:
     for name, table, rows in tables:
         b.add(_elementwise(f"{name}.backward", rows, 1, 1, dm.ab))
         b.add(_elementwise(f"{name}.grad_zero", table, 0, 1, dm.ab))
-        b.add(_elementwise(f"{name}.grad_accumulate", table, 1 + FP32_BYTES / dm.ab, FP32_BYTES / dm.ab, dm.ab))
+        b.add(_elementwise(f"{name}.grad_accumulate", table, 1 + dm.gb / dm.ab, dm.gb / dm.ab, dm.ab))
     return StageExtras(f.graph, b.graph)
 
 

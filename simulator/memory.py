@@ -49,7 +49,8 @@ class StageMemory(BaseModel):
     num_layers: int = Field(ge=0, description="Transformer layers on this stage (all its chunks).")
     parameters: int = Field(ge=0, description="Parameters held by one GPU of this stage (after TP).")
     weights_bytes: int = Field(ge=0, description="bf16/fp16 (or fp32) model weights.")
-    gradients_bytes: int = Field(ge=0, description="fp32 gradient buffer (Megatron's main_grad).")
+    gradients_bytes: int = Field(ge=0, description="Gradient buffer (Megatron's main_grad; fp32 unless fp16 without "
+                                                   "accumulate_allreduce_grads_in_fp32).")
     optimizer_bytes: int = Field(ge=0, description="fp32 master weights and Adam m, v (sharded over DP if distributed).")
     activations_bytes: int = Field(ge=0, description="Tensors saved for backward, all in-flight chunks, with extras.")
     extra_activations_bytes: int = Field(
@@ -185,12 +186,13 @@ def _state_bytes(parameters: int, plan: ParallelPlan) -> tuple[int, int, int]:
 
     Mixed precision: 2-byte weights, a 4-byte fp32 gradient buffer and 12 bytes of optimizer state
     (fp32 master copy, Adam m and v) = 18 bytes per parameter; the distributed optimizer shards the
-    12 bytes over DP (Megatron's 6 + 12/d). fp32: 4 + 4 + 8 (no master copy).
+    12 bytes over DP (Megatron's 6 + 12/d). Under fp16 Megatron keeps the gradient buffer in fp16
+    unless told to accumulate in fp32 (``ParallelPlan.grad_bytes``). fp32: 4 + 4 + 8 (no master copy).
     """
     if plan.precision is Precision.fp32:
         weight, grad, state = 4, 4, 8
     else:
-        weight, grad, state = 2, 4, 12
+        weight, grad, state = 2, plan.grad_bytes, 12
     optimizer = parameters * state
     if plan.use_distributed_optimizer:
         optimizer = -(-optimizer // plan.data_parallel_size)

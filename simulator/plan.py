@@ -84,6 +84,9 @@ class ParallelPlan(BaseModel):
     recompute: RecomputePolicy = RecomputePolicy()
     use_distributed_optimizer: bool = Field(False, description="Shard fp32 master weights and Adam state over DP (ZeRO-1).")
     precision: Precision = Precision.bf16
+    accumulate_allreduce_grads_in_fp32: bool | None = Field(
+        None, description="Keep the gradient buffer (main_grad) and its data-parallel reduction in fp32. None = "
+                          "Megatron's default: fp32 under bf16 (which forces it), the model's 2-byte dtype under fp16.")
     fp8_format: Fp8Format | None = Field(
         None,
         description="Run the transformer layers' linear GEMMs (QKV, projection, fc1, fc2: forward, dgrad, wgrad) "
@@ -113,6 +116,21 @@ class ParallelPlan(BaseModel):
     @property
     def interleaved(self) -> bool:
         return self.virtual_pipeline_stages > 1
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per element of the gradient buffer the weight gradients accumulate into and DP reduces."""
+        if self.precision is Precision.fp32:
+            return 4
+        fp32 = self.accumulate_allreduce_grads_in_fp32
+        return 4 if (fp32 if fp32 is not None else self.precision is Precision.bf16) else 2
+
+    @model_validator(mode="after")
+    def _bf16_accumulates_in_fp32(self) -> "ParallelPlan":
+        if self.precision is Precision.bf16 and self.accumulate_allreduce_grads_in_fp32 is False:
+            raise ValueError("bf16 training accumulates and all-reduces gradients in fp32 (Megatron forces it); "
+                             "drop accumulate_allreduce_grads_in_fp32=False or use fp16")
+        return self
 
     @model_validator(mode="after")
     def _sequence_parallel_needs_tp(self) -> "ParallelPlan":

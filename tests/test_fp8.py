@@ -50,7 +50,7 @@ def test_every_fp8_gemm_is_faster_but_within_the_peak_ratio(cluster):
     assert len(ops) == 12  # qkv, proj, fc1, fc2: forward, dgrad, wgrad
     for op in ops:
         as_bf16 = Op(op.name, op.kind, flops=op.flops, gemm=GemmShape(op.gemm.m, op.gemm.n, op.gemm.k, op.gemm.batch,
-                                                                       op.gemm.accumulate_fp32))
+                                                                       op.gemm.accumulate_bytes))
         ratio = cost.op_time_s(as_bf16) / cost.op_time_s(op)
         assert 1.0 < ratio <= _peak_ratio(cluster) * (1 + 1e-12), op.name
 
@@ -82,7 +82,7 @@ def test_no_fp8_gemm_beats_the_fp8_ceiling(m, n, k, acc):
     cluster = load_cluster("dgx-h100")
     profile = default_profile(cluster.gpu.name)
     cost = build_cost_model(cluster, profile, Precision.bf16)
-    op = Op("g", OpKind.gemm, flops=2.0 * m * n * k, gemm=GemmShape(m, n, k, accumulate_fp32=acc, fp8=True))
+    op = Op("g", OpKind.gemm, flops=2.0 * m * n * k, gemm=GemmShape(m, n, k, accumulate_bytes=4 if acc else 0, fp8=True))
     achieved = op.flops / cost.op_time_s(op) / (cluster.gpu.peak_tflops.fp8 * 1e12)
     assert achieved <= profile.gemm_fp8.ceiling_efficiency * (1 + 1e-9)
 

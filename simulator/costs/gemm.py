@@ -27,7 +27,7 @@ def is_misaligned(m, n, k, dtype_bytes: int, alignment_bytes: int):
         (np.asarray(n) * dtype_bytes) % alignment_bytes != 0) | ((np.asarray(k) * dtype_bytes) % alignment_bytes != 0)
 
 
-def gemm_efficiency(p: GemmParams, sm_count: int, m, n, k, batch=1, dtype_bytes: int = 2, accumulate_fp32: bool = False,
+def gemm_efficiency(p: GemmParams, sm_count: int, m, n, k, batch=1, dtype_bytes: int = 2, accumulate_bytes: int = 0,
                     output_dtype_bytes: int | None = None):
     """Fraction of the dense tensor peak the GEMM reaches (never above ``max_efficiency`` or the ceiling).
 
@@ -35,11 +35,12 @@ def gemm_efficiency(p: GemmParams, sm_count: int, m, n, k, batch=1, dtype_bytes:
     differs (FP8 GEMMs write bf16), which sets the epilogue's traffic.
     """
     k = np.asarray(k, dtype=float)
-    # k_half is fitted for an epilogue that writes C once in the output dtype; C += A @ B into an
-    # fp32 buffer (Megatron's gradient-accumulation fusion) reads and writes 4-byte elements, so
-    # the epilogue moves 8 / out_bytes times as much and needs that much more k to amortise.
+    # k_half is fitted for an epilogue that writes C once in the output dtype; C += A @ B into a
+    # buffer of ``accumulate_bytes`` elements (Megatron's gradient-accumulation fusion into
+    # main_grad) reads and writes it, so the epilogue moves 2 accumulate_bytes / out_bytes times
+    # as much and needs that much more k to amortise.
     out_bytes = output_dtype_bytes if output_dtype_bytes is not None else dtype_bytes
-    k_half = p.k_half * (8 / out_bytes if accumulate_fp32 else 1.0)
+    k_half = p.k_half * (2 * accumulate_bytes / out_bytes if accumulate_bytes else 1.0)
     eff = p.max_efficiency * wave_efficiency(m, n, batch, p.tile_m, p.tile_n, sm_count) * k / (k + k_half)
     if p.ceiling_efficiency is not None:
         # The formula's terms are fitted at a few shapes; no shape may beat the best one a
@@ -50,7 +51,7 @@ def gemm_efficiency(p: GemmParams, sm_count: int, m, n, k, batch=1, dtype_bytes:
 
 
 def gemm_time_s(p: GemmParams, peak_flops: float, sm_count: int, m, n, k, batch=1, dtype_bytes: int = 2,
-                accumulate_fp32: bool = False, output_dtype_bytes: int | None = None):
+                accumulate_bytes: int = 0, output_dtype_bytes: int | None = None):
     flops = 2.0 * np.asarray(m, dtype=float) * np.asarray(n) * np.asarray(k) * np.asarray(batch)
-    eff = gemm_efficiency(p, sm_count, m, n, k, batch, dtype_bytes, accumulate_fp32, output_dtype_bytes)
+    eff = gemm_efficiency(p, sm_count, m, n, k, batch, dtype_bytes, accumulate_bytes, output_dtype_bytes)
     return p.launch_overhead_s + flops / (peak_flops * eff)
