@@ -14,11 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from simulator.costs import Group
 from simulator.engine import EngineResult, PipelineWork, StageWork, simulate
 from simulator.layers import CollectiveKind, CollectiveOp, Op, OpKind
+from simulator.layout import RankLayout
 from simulator.memory import MemoryPlan, memory_plan, stage_parameters
 from simulator.plan import Job, RecomputeGranularity, RecomputeMethod
 from simulator.schedules import build_schedule
 from simulator.timing import (
     LayerTimes,
+    Span,
     StageExtraTimes,
     cost_model_for,
     extra_times,
@@ -44,6 +46,9 @@ class Breakdown(BaseModel):
     pipeline_transfer_s: float = Field(description="Idle while an activation or gradient was in flight.")
     data_parallel_s: float = Field(description="Gradient reduction not hidden behind the backward pass.")
     optimizer_s: float = Field(description="Optimizer step (and the distributed optimizer's parameter all-gather).")
+    host_overhead_s: float = Field(
+        0.0, description="Device idle while the host issues work (Python, dispatch and launch of short ops, "
+                         "per-micro-batch and per-exchange host work); part of the steps, apart from compute.")
 
 
 class LayerTimesOut(BaseModel):
@@ -137,8 +142,8 @@ def _p2p_times(cost, job: Job) -> tuple[float, ...]:
 
     Megatron sends a 1/t slice per TP rank: the activation is already sequence-sharded under SP,
     and without SP its scatter-gather optimisation all-gathers the slices over NVLink on arrival.
-    Stage i holds ranks [i t d, (i + 1) t d) (Megatron's order: TP, then DP, then PP), so a
-    boundary stays inside a node only when both stages share it.
+    Every rank of a stage sends at once, so where a boundary leaves the node the sends of the GPUs
+    behind one NIC share it (4 NICs for 8 GPUs: two sends per NIC); ``RankLayout`` says which.
     """
     m, plan = job.model, job.plan
     t, p = plan.tensor_parallel_size, plan.pipeline_parallel_size
@@ -147,12 +152,11 @@ def _p2p_times(cost, job: Job) -> tuple[float, ...]:
     if t > 1 and not plan.sequence_parallel:
         gather = cost.op_time_s(Op("pipeline_all_gather", OpKind.collective,
                                    collective=CollectiveOp(CollectiveKind.all_gather, full, t)))
-    stage_gpus, node = t * plan.data_parallel_size, job.cluster.gpus_per_node
+    layout = RankLayout.of(job)
     times = []
     for i in range(p):
-        first, last = i * stage_gpus, ((i + 1) % p) * stage_gpus
-        inter_node = stage_gpus >= node or first // node != last // node
-        times.append(cost.p2p_time_s(full // t, inter_node) + gather)
+        inter_node, sharing = layout.pipeline_boundary(i, job.cluster.nics_per_node)
+        times.append(cost.p2p_time_s(full // t, inter_node, sharing) + gather)
     return tuple(times)
 
 
@@ -162,39 +166,67 @@ def _optimizer_time(cost, job: Job, params: int) -> float:
     step = cost.op_time_s(Op("optimizer", OpKind.elementwise, bytes_moved=shard * OPTIMIZER_BYTES_PER_PARAM))
     if job.plan.use_distributed_optimizer:
         step += _dp_time(cost, job, CollectiveKind.all_gather, params * 2)
+    if cost.host is not None:
+        step += cost.host.iteration_s
     return step
+
+
+def _step_spans(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes, stage: int, chunk: int) -> tuple[Span, Span]:
+    """The forward and backward pipeline steps of one (stage, chunk), as the host issues them.
+
+    Each step starts from an empty queue: Megatron synchronises the device at every pipeline
+    exchange and when it broadcasts each micro-batch's data. A forward step begins with the
+    micro-batch's host work (data, masks, schedule); a step that talks to a neighbour stage ends
+    with the exchange call.
+    """
+    plan, host = job.plan, cost.host
+    p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
+    n = job.layers_per_chunk[stage]
+    rec = _recomputed_layers(job, n)
+    asynchronous = cost.asynchronous
+    nothing = Span(0.0, 0.0, 0.0, asynchronous)
+    fwd = Span.host_only(host.micro_batch_s, asynchronous) if host is not None else nothing
+    bwd = nothing
+    first, last = stage == 0 and chunk == 0, stage == p - 1 and chunk == v - 1
+    if first:
+        fwd = fwd.then(ext.embedding_forward.span)
+    fwd = fwd.then(lt.forward.span.times(n))
+    if last:
+        fwd = fwd.then(ext.output_forward.span)
+        bwd = bwd.then(ext.output_backward.span)
+    # backward runs the chunk's layers last to first; block recompute covers the first ones
+    bwd = bwd.then(lt.backward_only.span.times(n - rec)).then(lt.backward.span.times(rec))
+    if first:
+        bwd = bwd.then(ext.embedding_backward.span)
+    if p > 1 and host is not None:
+        exchange = Span.host_only(host.pipeline_exchange_s, asynchronous)
+        fwd, bwd = fwd.then(exchange), bwd.then(exchange)
+    return fwd, bwd
 
 
 def build_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes) -> PipelineWork:
     plan = job.plan
     p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
     grad_kind = CollectiveKind.reduce_scatter if plan.use_distributed_optimizer else CollectiveKind.all_reduce
-    bwd_plain = lt.backward_s
-    bwd_rec = lt.backward_with_recompute_s
     tied = not job.model.untie_embeddings_and_output_weights and p > 1
-    embedding_grad_bytes = job.model.vocab_size * job.model.hidden_size // plan.tensor_parallel_size * 4
+    embedding_grad_bytes = job.model.vocab_size * job.model.hidden_size // plan.tensor_parallel_size * plan.grad_bytes
     stages = []
     for s, n in enumerate(job.layers_per_chunk):
-        rec = _recomputed_layers(job, n)
-        fwd, bwd, reduce = [], [], []
+        fwd, bwd, reduce, fwd_wait, bwd_wait = [], [], [], [], []
         stage_params = stage_parameters(job, s)
         for c in range(v):
-            f = n * lt.forward_s
-            b = rec * bwd_rec + (n - rec) * bwd_plain
-            if s == 0 and c == 0:
-                f += ext.embedding_forward.duration_s
-                b += ext.embedding_backward.duration_s
-            if s == p - 1 and c == v - 1:
-                f += ext.output_forward.duration_s
-                b += ext.output_backward.duration_s
-            fwd.append(f)
-            bwd.append(b)
-            r = _dp_time(cost, job, grad_kind, stage_params / v * 4)
+            f, b = _step_spans(job, cost, lt, ext, s, c)
+            fwd.append(f.cold_s)
+            bwd.append(b.cold_s)
+            fwd_wait.append(f.host_wait_s)
+            bwd_wait.append(b.host_wait_s)
+            r = _dp_time(cost, job, grad_kind, stage_params / v * plan.grad_bytes)
             if tied and ((s == 0 and c == 0) or (s == p - 1 and c == v - 1)):
                 r += cost.collective_time_s(CollectiveKind.all_reduce, embedding_grad_bytes,
                                             Group(size=2, stride=plan.tensor_parallel_size * plan.data_parallel_size * (p - 1)))
             reduce.append(r)
-        stages.append(StageWork(tuple(fwd), tuple(bwd), tuple(reduce), _optimizer_time(cost, job, stage_params)))
+        stages.append(StageWork(tuple(fwd), tuple(bwd), tuple(reduce), _optimizer_time(cost, job, stage_params),
+                                tuple(fwd_wait), tuple(bwd_wait)))
     send = _p2p_times(cost, job) if p > 1 else (0.0,)
     return PipelineWork(tuple(stages), send, plan.overlap_grad_reduce, plan.overlap_p2p_comm)
 
@@ -212,7 +244,7 @@ def simulate_job(job: Job, profile=None, tokens: float | None = None, record: bo
     schedule = build_schedule(plan.pipeline_parallel_size, plan.num_micro_batches, plan.virtual_pipeline_stages,
                               plan.schedule.value)
     result = simulate(schedule, work, record=record)
-    est = _summarise(job, cost, lt, ext, result, mem, tokens)
+    est = _summarise(job, cost, lt, ext, work, result, mem, tokens)
     return Simulation(est, result, lt, ext)
 
 
@@ -221,7 +253,7 @@ def estimate(job: Job, profile=None, tokens: float | None = None) -> Estimate:
     return simulate_job(job, profile, tokens).estimate
 
 
-def _summarise(job, cost, lt, ext, result, mem, tokens) -> Estimate:
+def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
     plan = job.plan
     p, v, m = plan.pipeline_parallel_size, plan.virtual_pipeline_stages, plan.num_micro_batches
     T = result.iteration_time_s
@@ -236,13 +268,16 @@ def _summarise(job, cost, lt, ext, result, mem, tokens) -> Estimate:
     if crit == p - 1:
         compute += m * (ext.output_forward.compute_s + ext.output_backward.compute_s)
     compute = min(compute, r.busy_s)
+    sw = work.stages[crit]
+    host_wait = min(m * (sum(sw.forward_host_wait_s) + sum(sw.backward_host_wait_s)), r.busy_s - compute)
     breakdown = Breakdown(
         compute_s=compute,
-        tp_communication_s=r.busy_s - compute,
+        tp_communication_s=r.busy_s - compute - host_wait,
         pipeline_bubble_s=r.wait_s - r.transfer_wait_s + (max(ready) - ready[crit]),
         pipeline_transfer_s=r.transfer_wait_s,
         data_parallel_s=ready[crit] - r.last_backward_end_s,
         optimizer_s=T - max(ready),
+        host_overhead_s=host_wait,
     )
     tokens_per_iter = plan.global_batch_size * job.model.seq_length
     model_flops = model_flops_per_sequence(job) * plan.global_batch_size

@@ -40,6 +40,17 @@ class CostModel:
         self.collectives = CollectiveModel(cluster, profile)
         self._dtype_bytes = precision.activation_bytes
         self._ops: dict[Op, float] = {}
+        self.host = profile.host
+        self.asynchronous = cluster.gpu.asynchronous
+
+    def host_time_s(self, op: Op, backward: bool = False) -> float:
+        """CPU time to issue ``op``: a collective call, or one op of the forward (or of the autograd backward)."""
+        h = self.host
+        if h is None:
+            return 0.0
+        if op.kind is OpKind.collective:
+            return h.collective_s
+        return h.backward_op_s if backward else h.op_s
 
     def op_time_s(self, op: Op) -> float:
         t = self._ops.get(op)
@@ -55,7 +66,7 @@ class CostModel:
             if s.fp8:
                 return self._fp8_gemm_time_s(s)
             return float(gemm_time_s(p.gemm, self.peak_flops, gpu.sm_count, s.m, s.n, s.k, s.batch, self._dtype_bytes,
-                                     s.accumulate_fp32))
+                                     s.accumulate_bytes))
         if op.kind is OpKind.elementwise:
             return (float(elementwise_time_s(p.elementwise, gpu.hbm_bandwidth_gbps, op.bytes_moved, op.kernel))
                     if op.bytes_moved else 0.0)
@@ -79,13 +90,13 @@ class CostModel:
             raise ProfileError(f"profile {self.profile.name!r} has no FP8 GEMM block (gemm_fp8); use a profile that "
                                "has one, such as the published Hopper profiles, or drop the FP8 format")
         fp8_peak = gpu.peak_tflops.fp8 * 1e12
-        t = float(gemm_time_s(params, fp8_peak, gpu.sm_count, s.m, s.n, s.k, s.batch, FP8_BYTES, s.accumulate_fp32,
+        t = float(gemm_time_s(params, fp8_peak, gpu.sm_count, s.m, s.n, s.k, s.batch, FP8_BYTES, s.accumulate_bytes,
                               output_dtype_bytes=self._dtype_bytes))
         # FP8 speeds up the tensor-core math and nothing else (launch, epilogue), so no GEMM can beat its
         # own bf16 time by more than the peak ratio; the two blocks' wave terms are fitted to different
         # best shapes and could otherwise claim it for shapes that bf16 tiles badly.
         unscaled = float(gemm_time_s(self.profile.gemm, self.peak_flops, gpu.sm_count, s.m, s.n, s.k, s.batch,
-                                     self._dtype_bytes, s.accumulate_fp32))
+                                     self._dtype_bytes, s.accumulate_bytes))
         return max(t, unscaled * self.peak_flops / fp8_peak)
 
     def collective_time_s(self, kind: CollectiveKind, nbytes: int, group: Group) -> float:
@@ -94,8 +105,8 @@ class CostModel:
     def busbw_gbps(self, kind: CollectiveKind, nbytes: int, group: Group) -> float:
         return self.collectives.busbw_gbps(kind, nbytes, group)
 
-    def p2p_time_s(self, nbytes: int, inter_node: bool) -> float:
-        return self.collectives.p2p_time_s(nbytes, inter_node)
+    def p2p_time_s(self, nbytes: int, inter_node: bool, sharing: int = 1) -> float:
+        return self.collectives.p2p_time_s(nbytes, inter_node, sharing)
 
     def gemm_efficiency(self, m: int, n: int, k: int, batch: int = 1) -> float:
         return float(gemm_efficiency(self.profile.gemm, self.cluster.gpu.sm_count, m, n, k, batch, self._dtype_bytes))

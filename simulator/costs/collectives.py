@@ -125,8 +125,10 @@ class CollectiveModel:
         """Bus bandwidth as nccl-tests reports it, for comparison with published curves."""
         return _factor(kind, group.size) * nbytes / self.time_s(kind, nbytes, group) / 1e9
 
-    def p2p_time_s(self, nbytes: float, inter_node: bool) -> float:
+    def p2p_time_s(self, nbytes: float, inter_node: bool, sharing: int = 1) -> float:
+        """One send of ``nbytes``; ``sharing`` sends leave through the same NIC at once (inter-node)."""
         if nbytes <= 0:
             return 0.0
         link = self.net if inter_node else self.nvlink
-        return link.p2p_latency_s + nbytes / (link.p2p_bandwidth_gbps * 1e9)
+        share = max(sharing, 1) if inter_node else 1
+        return link.p2p_latency_s + nbytes * share / (link.p2p_bandwidth_gbps * 1e9)

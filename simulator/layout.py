@@ -1,0 +1,116 @@
+"""``RankLayout``: which global ranks share each process group, as Megatron's rank generator orders them.
+
+Megatron numbers ranks tensor-parallel first, then context-parallel, then data-parallel, then
+pipeline (``--rank-order tp-cp-ep-dp-pp``; expert parallelism subdivides the data-parallel
+ranks of the expert layers): global rank = tp + t (cp + c (dp + d pp)). Ranks fill nodes in
+order, so the fastest-varying groups (TP, then CP) stay inside a node as long as they fit.
+
+The time model asks a layout for the shape of a group (its size and the stride between members,
+which the network routes), the memory model which ranks a tensor is sharded over, and the
+reference loop builds its process groups from the same answers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+ORDER = ("tp", "cp", "dp", "pp")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupShape:
+    """A process group in rank order: ``size`` ranks ``stride`` apart."""
+
+    size: int
+    stride: int
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+    gpus_per_node: int
+
+    def __post_init__(self) -> None:
+        assert min(self.tp, self.cp, self.dp, self.pp, self.gpus_per_node) >= 1, self
+
+    @staticmethod
+    def of(job) -> "RankLayout":
+        plan = job.plan
+        return RankLayout(plan.tensor_parallel_size, getattr(plan, "context_parallel_size", 1),
+                          plan.data_parallel_size, plan.pipeline_parallel_size, job.cluster.gpus_per_node)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    def size(self, dim: str) -> int:
+        return getattr(self, dim)
+
+    def stride(self, dim: str) -> int:
+        stride = 1
+        for d in ORDER:
+            if d == dim:
+                return stride
+            stride *= self.size(d)
+        raise KeyError(dim)
+
+    def shape(self, dim: str) -> GroupShape:
+        return GroupShape(self.size(dim), self.stride(dim))
+
+    def coords(self, rank: int) -> dict[str, int]:
+        out = {}
+        for d in ORDER:
+            rank, out[d] = divmod(rank, self.size(d))
+        return out
+
+    def rank(self, **coords: int) -> int:
+        return sum(coords.get(d, 0) * self.stride(d) for d in ORDER)
+
+    def group(self, dim: str, rank: int) -> tuple[int, ...]:
+        """The members of ``rank``'s group along ``dim``, in order."""
+        base = rank - self.coords(rank)[dim] * self.stride(dim)
+        return tuple(base + i * self.stride(dim) for i in range(self.size(dim)))
+
+    def groups(self, dim: str) -> list[tuple[int, ...]]:
+        """Every group along ``dim`` (each rank in exactly one)."""
+        seen, out = set(), []
+        for r in range(self.world):
+            if r not in seen:
+                g = self.group(dim, r)
+                seen.update(g)
+                out.append(g)
+        return out
+
+    def stage_ranks(self, stage: int) -> range:
+        block = self.world // self.pp
+        return range(stage * block, (stage + 1) * block)
+
+    def node(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def within_node(self, dim: str) -> bool:
+        """Whether every group along ``dim`` stays inside one node: a block of sibling groups spans
+        size x stride consecutive ranks, which must tile the node (or the job fits in one node)."""
+        return self.world <= self.gpus_per_node or self.gpus_per_node % (self.size(dim) * self.stride(dim)) == 0
+
+    def pipeline_boundary(self, stage: int, nics_per_node: int) -> tuple[bool, int]:
+        """Stage ``stage`` -> ``stage + 1`` (mod pp): whether any send leaves its node, and the most
+        such sends that share one NIC at once (every rank of the stage sends its slice together;
+        GPU i of a node uses NIC i x nics / gpus_per_node).
+
+        Nodes wholly inside a stage all look alike, so only the ranks within two nodes of either
+        end of the stage are visited: the answer costs O(gpus_per_node) at any job size.
+        """
+        jump, gpn = self.world // self.pp, self.gpus_per_node
+        ranks = self.stage_ranks(stage)
+        head = range(ranks.start, min(ranks.start + 2 * gpn, ranks.stop))
+        tail = range(max(ranks.stop - 2 * gpn, head.stop), ranks.stop)
+        flows: Counter = Counter()
+        for r in (*head, *tail):
+            if self.node(r) != self.node((r + jump) % self.world):
+                flows[(self.node(r), (r % gpn) * nics_per_node // gpn)] += 1
+        return bool(flows), max(flows.values(), default=1)
