@@ -33,6 +33,9 @@ class StageWork:
     backward_s: tuple[float, ...]  # including the recompute replayed before each backward
     grad_reduce_s: tuple[float, ...]  # DP reduction of each chunk's gradients
     optimizer_s: float  # optimizer step (and, with the distributed optimizer, the parameter all-gather)
+    # of forward_s / backward_s, the time the device waits for the host to issue work (for the breakdown)
+    forward_host_wait_s: tuple[float, ...] = ()
+    backward_host_wait_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def _require_sources(spec: BaseModel, sources: dict[str, str]) -> None:
     missing = [
         name
         for name, field in type(spec).model_fields.items()
-        if name not in {"name", "sources", "gpu", "architecture", "nvswitch", "fabric"}
+        if name not in {"name", "sources", "gpu", "architecture", "nvswitch", "fabric", "asynchronous"}
         and getattr(spec, name) is not None
         and name not in sources
     ]
@@ -57,6 +57,9 @@ class GpuSpec(BaseModel):
     l2_cache_mb: float = Field(gt=0)
     nvlink_bandwidth_gbps_per_direction: float = Field(gt=0, description="NVLink per GPU, GB/s per direction.")
     tdp_w: float = Field(gt=0)
+    asynchronous: bool = Field(
+        True, description="The host queues work and runs ahead of the device (CUDA streams); false for a CPU, "
+                          "where each op runs on the thread that issues it.")
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -65,7 +68,8 @@ class GpuSpec(BaseModel):
         return self
 
     def __hash__(self) -> int:  # the sources dict is documentation, not identity
-        return hash((self.name, self.peak_tflops, self.hbm_capacity_gib, self.hbm_bandwidth_gbps, self.sm_count))
+        return hash((self.name, self.peak_tflops, self.hbm_capacity_gib, self.hbm_bandwidth_gbps, self.sm_count,
+                     self.asynchronous))
 
     @property
     def memory_bytes(self) -> int:

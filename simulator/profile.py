@@ -63,22 +63,41 @@ class FitRecord(BaseModel):
 
 
 class _Block(BaseModel):
-    """A parameter block: every numeric field needs a ``sources`` entry."""
+    """A parameter block: every numeric field needs a ``sources`` entry; one that no measurement
+    pins also gives its plausible ``ranges`` entry (low, high), from which the band on every
+    answer is computed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     sources: dict[str, str]
     fits: tuple[FitRecord, ...] = ()
+    ranges: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="Plausible (low, high) of each parameter no measurement pins.")
 
     @model_validator(mode="after")
     def _every_number_has_a_source(self) -> "_Block":
         missing = [
             name for name, value in self
-            if name not in {"sources", "fits"} and value is not None and name not in self.sources
+            if name not in _BOOKKEEPING and value is not None and name not in self.sources
         ]
         if missing:
             raise ValueError(f"{type(self).__name__} parameters {missing} have no entry under 'sources'; add one each")
         return self
+
+    @model_validator(mode="after")
+    def _ranges_hold_their_values(self) -> "_Block":
+        for name, (low, high) in self.ranges.items():
+            value = getattr(self, name, None)
+            if name in _BOOKKEEPING or not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(f"{type(self).__name__} has a range for {name!r}, which is not one of its numbers; "
+                                 "remove it or fix its name")
+            if not low <= value <= high:
+                raise ValueError(f"{type(self).__name__}.{name}={value} lies outside its range [{low}, {high}]; "
+                                 "widen the range or fix the value")
+        return self
+
+
+_BOOKKEEPING = {"sources", "fits", "ranges"}
 
 
 class GemmParams(_Block):
@@ -167,6 +186,29 @@ class LinkParams(_Block):
         return self
 
 
+class HostParams(_Block):
+    """CPU time the training process spends issuing work, which the device waits for when its own
+    work is shorter (little work per GPU: small hidden sizes, micro-batch 1, wide TP).
+
+    Each op of the layer graph costs the host ``op_s`` in the forward (Python module code,
+    autograd recording, dispatch, the kernel launch) and ``backward_op_s`` when the autograd
+    engine issues it; an NCCL (or gloo) collective costs ``collective_s``. On an asynchronous
+    device (CUDA streams) the host runs ahead and a span takes the longer of its host and device
+    times; a synchronous one (a CPU) pays both. Megatron drains the queue at every pipeline
+    exchange (``torch.cuda.synchronize`` after the batched send/receive) and when each micro-batch's
+    data is broadcast, so every pipeline step starts from an empty queue.
+    """
+
+    op_s: float = Field(ge=0, description="Host time per forward op (recompute included), s.")
+    backward_op_s: float = Field(ge=0, description="Host time per op the autograd engine issues in the backward, s.")
+    collective_s: float = Field(ge=0, description="Host time per collective call (tensor-parallel, data-parallel), s.")
+    pipeline_exchange_s: float = Field(ge=0, description="Host time of one pipeline send/receive exchange, s.")
+    micro_batch_s: float = Field(
+        ge=0, description="Host time per forward step outside the layers: the micro-batch's data, masks, loss, schedule, s.")
+    iteration_s: float = Field(
+        ge=0, description="Host time per iteration outside the steps: optimizer bookkeeping, gradient-norm sync, s.")
+
+
 class CollectiveParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -206,6 +248,8 @@ class HardwareProfile(BaseModel):
     elementwise: ElementwiseParams
     attention: AttentionParams
     collectives: CollectiveParams
+    host: HostParams | None = Field(
+        None, description="Host-side (CPU) cost of issuing work; None = the device never waits for the host.")
     overlap_compute_slowdown: float = Field(
         ge=0, lt=1, description="Fraction by which compute slows while an NCCL kernel runs beside it."
     )

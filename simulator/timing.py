@@ -48,48 +48,129 @@ class OpInterval:
     end_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A stretch of work as the host issues it: ``host_s`` of CPU time, ``device_s`` of device time
+    once queued, and ``cold_s``, the time from an empty queue until the device is done.
+
+    On an asynchronous device the host runs ahead, so a long span takes about the longer of the
+    two; for a single stream the makespan from an empty queue is max over ops k of (host time
+    to issue k + device time from k on), which is what ``then`` and ``times`` compose exactly.
+    On a synchronous device (a CPU) every op waits for its own issue: the two add up.
+    """
+
+    host_s: float
+    device_s: float
+    cold_s: float
+    asynchronous: bool = True
+
+    @staticmethod
+    def host_only(host_s: float, asynchronous: bool = True) -> "Span":
+        return Span(host_s, 0.0, host_s, asynchronous)
+
+    @property
+    def steady_s(self) -> float:
+        """Time per repetition once the queue is in steady state."""
+        return max(self.host_s, self.device_s) if self.asynchronous else self.host_s + self.device_s
+
+    @property
+    def host_wait_s(self) -> float:
+        """Of ``cold_s``, the time the device is idle for want of work the host has yet to issue."""
+        return max(self.cold_s - self.device_s, 0.0)
+
+    def then(self, other: "Span") -> "Span":
+        cold = (max(self.cold_s + other.device_s, self.host_s + other.cold_s) if self.asynchronous
+                else self.cold_s + other.cold_s)
+        return Span(self.host_s + other.host_s, self.device_s + other.device_s, cold, self.asynchronous)
+
+    def times(self, n: int) -> "Span":
+        if n <= 0:
+            return Span(0.0, 0.0, 0.0, self.asynchronous)
+        return Span(n * self.host_s, n * self.device_s, self.cold_s + (n - 1) * self.steady_s, self.asynchronous)
+
+
 @dataclass(frozen=True)
 class PhaseTimeline:
     """One phase of one layer (or of the stage extras) on one TP rank."""
 
     intervals: tuple[OpInterval, ...]
-    duration_s: float
+    duration_s: float  # device time with the queue full (the host never late)
     compute_s: float  # time the compute stream is busy (without the overlap slowdown)
     tp_comm_s: float  # time the communication stream is busy
     flops: float
+    host_s: float = 0.0  # CPU time to issue the phase's ops
+    cold_s: float = 0.0  # from an empty queue, the host issuing as it goes, until the device is done
+    asynchronous: bool = True
 
     @property
     def exposed_comm_s(self) -> float:
         """Time the phase is longer than its compute alone: waiting on collectives, plus overlap slowdown."""
         return max(self.duration_s - self.compute_s, 0.0)
 
+    @property
+    def span(self) -> Span:
+        return Span(self.host_s, self.duration_s, self.cold_s, self.asynchronous)
+
+    @property
+    def steady_s(self) -> float:
+        """The phase's time inside a run of phases: the host's or the device's, whichever is longer."""
+        return self.span.steady_s
+
     @staticmethod
     def empty() -> "PhaseTimeline":
         return PhaseTimeline((), 0.0, 0.0, 0.0, 0.0)
 
 
-def play(graphs: list[nx.DiGraph], cost: OpCoster) -> PhaseTimeline:
-    """List-schedule the ops of ``graphs`` (played one after another) on their streams."""
+def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | None = None) -> PhaseTimeline:
+    """List-schedule the ops of ``graphs`` (played one after another) on their streams.
+
+    ``backward[i]`` says graph i is issued by the autograd engine (its host cost per op differs).
+    The device-only schedule gives ``duration_s``; a second pass has each op also wait for the
+    host to issue it (``cold_s``). On a synchronous device each op runs on the issuing thread, so
+    ops, collectives included, run one after another.
+    """
+    backward = backward or (False,) * len(graphs)
+    asynchronous = getattr(cost, "asynchronous", True)
+    host_time = getattr(cost, "host_time_s", None)
     stream_free = {Stream.compute: 0.0, Stream.tp_comm: 0.0}
+    cold_free = {Stream.compute: 0.0, Stream.tp_comm: 0.0}
     intervals: list[OpInterval] = []
-    t0 = 0.0
+    t0 = cold_t0 = issued = 0.0
     flops = 0.0
-    for graph in graphs:
+    cold_overlap: list[OpInterval] = []
+    for graph, is_backward in zip(graphs, backward):
         end: dict[str, float] = {}
+        cold_end: dict[str, float] = {}
         for op in ordered_ops(graph):
-            ready = max((end[p] for p in graph.predecessors(op.name)), default=t0)
-            start = max(ready, stream_free[op.stream])
-            finish = start + cost.op_time_s(op)
+            preds = tuple(graph.predecessors(op.name))
+            t = cost.op_time_s(op)
+            host = host_time(op, is_backward) if host_time is not None else 0.0
+            if asynchronous:
+                ready = max((end[p] for p in preds), default=t0)
+                start = max(ready, stream_free[op.stream])
+                issued += host
+                cold_start = max(max((cold_end[p] for p in preds), default=cold_t0), cold_free[op.stream], issued)
+            else:  # one thread: every op after the previous one, and after its own issue
+                start = max(stream_free.values())
+                cold_start = max(cold_free.values()) + host
+                issued += host
+            finish = start + t
             end[op.name] = finish
             stream_free[op.stream] = finish
             intervals.append(OpInterval(op.name, op.stream, start, finish))
+            cold_end[op.name] = cold_start + t
+            cold_free[op.stream] = cold_start + t
+            cold_overlap.append(OpInterval(op.name, op.stream, cold_start, cold_start + t))
             flops += op.flops
         t0 = max(stream_free.values())
+        cold_t0 = max(cold_free.values())
     makespan = max((iv.end_s for iv in intervals), default=0.0)
+    cold = max((iv.end_s for iv in cold_overlap), default=0.0)
     compute = sum(iv.end_s - iv.start_s for iv in intervals if iv.stream is Stream.compute)
     comm = sum(iv.end_s - iv.start_s for iv in intervals if iv.stream is Stream.tp_comm)
-    overlap = _overlap_s(intervals)
-    return PhaseTimeline(tuple(intervals), makespan + cost.overlap_compute_slowdown * overlap, compute, comm, flops)
+    slow = cost.overlap_compute_slowdown
+    return PhaseTimeline(tuple(intervals), makespan + slow * _overlap_s(intervals), compute, comm, flops,
+                         issued, max(cold + slow * _overlap_s(cold_overlap), issued), asynchronous)
 
 
 def _overlap_s(intervals: list[OpInterval]) -> float:
@@ -106,7 +187,8 @@ def _overlap_s(intervals: list[OpInterval]) -> float:
 
 @dataclass(frozen=True)
 class LayerTimes:
-    """Per layer, per micro-batch, on one TP rank."""
+    """Per layer, per micro-batch, on one TP rank; the times are those inside a run of layers
+    (``PhaseTimeline.steady_s``): the device's, or the host's where it is the slower."""
 
     forward_s: float
     backward_s: float  # the backward pass alone
@@ -117,13 +199,19 @@ class LayerTimes:
 
     @property
     def backward_with_recompute_s(self) -> float:
-        return self.backward.duration_s
+        return self.backward.steady_s
 
     def with_durations(self, forward_s: float, backward_s: float, recompute_s: float) -> "LayerTimes":
-        """These times with the phases lasting as given (e.g. measured), each timeline scaled to fit."""
+        """These times with the phases lasting as given (e.g. measured), each timeline scaled to fit.
+
+        A measured phase already holds any wait for the host, so the given time is the device's and
+        the host's share is zero; the start-up lag of a phase from an empty queue is kept.
+        """
         def scaled(tl: PhaseTimeline, duration_s: float) -> PhaseTimeline:
-            k = duration_s / tl.duration_s if tl.duration_s else 0.0
-            return PhaseTimeline(tl.intervals, duration_s, tl.compute_s * k, tl.tp_comm_s * k, tl.flops)
+            k = duration_s / tl.steady_s if tl.steady_s else 0.0
+            lag = max(tl.cold_s - tl.steady_s, 0.0)
+            return PhaseTimeline(tl.intervals, duration_s, tl.compute_s * k, tl.tp_comm_s * k, tl.flops,
+                                 0.0, duration_s + lag, tl.asynchronous)
 
         return LayerTimes(forward_s, backward_s, recompute_s, scaled(self.forward, forward_s),
                           scaled(self.backward, backward_s + recompute_s), scaled(self.backward_only, backward_s))
@@ -133,9 +221,10 @@ class LayerTimes:
 def _layer_times(layer: LayerGraph, cost: OpCoster) -> LayerTimes:
     fwd = play([layer.forward], cost)
     rec = play([layer.recompute], cost) if layer.recompute.number_of_nodes() else PhaseTimeline.empty()
-    bwd_only = play([layer.backward], cost)
-    both = play([layer.recompute, layer.backward], cost) if layer.recompute.number_of_nodes() else bwd_only
-    return LayerTimes(fwd.duration_s, bwd_only.duration_s, rec.duration_s, fwd, both, bwd_only)
+    bwd_only = play([layer.backward], cost, backward=(True,))
+    both = (play([layer.recompute, layer.backward], cost, backward=(False, True))
+            if layer.recompute.number_of_nodes() else bwd_only)
+    return LayerTimes(fwd.steady_s, bwd_only.steady_s, rec.steady_s, fwd, both, bwd_only)
 
 
 def layer_times(job: Job, profile=None, cost: OpCoster | None = None) -> LayerTimes:
@@ -158,8 +247,8 @@ def extra_times(job: Job, cost: OpCoster) -> StageExtraTimes:
 
 @lru_cache(maxsize=4096)
 def _extra_times(emb, out, cost: OpCoster) -> StageExtraTimes:
-    return StageExtraTimes(play([emb.forward], cost), play([emb.backward], cost),
-                           play([out.forward], cost), play([out.backward], cost))
+    return StageExtraTimes(play([emb.forward], cost), play([emb.backward], cost, backward=(True,)),
+                           play([out.forward], cost), play([out.backward], cost, backward=(True,)))
 
 
 def cost_model_for(job: Job, profile):
