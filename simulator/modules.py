@@ -1,0 +1,374 @@
+"""The parts of a GPT layer, each declared once: the ops it runs forward (with their FLOPs, bytes
+and saved tensors) and, from the same declaration, the ops its backward runs.
+
+A module adds its forward ops to a ``GraphBuilder`` one after another; its ``backward`` adds the
+ops of its gradient after ``after`` (the op that produced its output's gradient) and returns the
+op its input's gradient comes from, so a layer's backward graph is the modules' backwards in
+reverse order. Recompute needs no declaration: it replays the forward ops (``simulator.layers``).
+
+Shapes follow Korthikanti et al. 2022 (Table 1): s sequence, b micro-batch, h hidden, a heads,
+t tensor-parallel size. With sequence parallelism the norms, dropouts and residual adds work on
+s/t tokens; Megatron's ``ColumnParallelLinear`` then saves its *sharded* input and all-gathers
+it again in the backward pass, which is what makes every activation divisible by t (Eq. 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.ops import (
+    CORE_ATTENTION,
+    FP32_BYTES,
+    MASK_BYTES,
+    CollectiveKind,
+    GemmShape,
+    GraphBuilder,
+    Op,
+    OpKind,
+    SavedTensor,
+    collective,
+    elementwise,
+    gemm,
+)
+
+FP8_BYTES = 1
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Per-rank sizes of one layer for a micro-batch."""
+
+    s: int
+    b: int
+    h: int
+    a: int  # attention heads on this rank
+    kv: int  # key/value width on this rank
+    d: int  # head size
+    f: int  # MLP inner width on this rank (per matrix)
+    t: int
+    sp: bool
+    ab: int  # activation bytes per element
+    mlp_in: int  # fc1 output width on this rank (2f with SwiGLU)
+    gb: int = FP32_BYTES  # gradient buffer (main_grad) bytes per element
+
+    @property
+    def tokens(self) -> int:
+        return self.s * self.b
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens a norm or dropout sees: all of them, or s/t of them under sequence parallelism."""
+        return self.tokens // self.t if self.sp else self.tokens
+
+    @property
+    def full_activation_bytes(self) -> int:
+        """One [s, b, h] activation of all tokens: what a tensor-parallel collective moves."""
+        return self.tokens * self.h * self.ab
+
+    @property
+    def tp_reduce(self) -> CollectiveKind:
+        """Row-parallel outputs are all-reduced, or reduce-scattered over the sequence under SP."""
+        return CollectiveKind.reduce_scatter if self.sp else CollectiveKind.all_reduce
+
+
+class Module:
+    """A part of the layer: ``forward`` adds its ops; ``backward`` adds its gradient's and returns the
+    op its input gradient comes from."""
+
+    def forward(self, g: GraphBuilder) -> None:
+        raise NotImplementedError
+
+    def backward(self, g: GraphBuilder, after: str) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Norm(Module):
+    """LayerNorm or RMSNorm (fused apex/TE kernel), saving its input. Its backward's input gradient
+    reads x and dy and writes dx; the weight (and bias) gradients are a second reduction that reads
+    them again. When the norm's input is also the residual stream, autograd adds the two gradients."""
+
+    name: str
+    dm: Dims
+    residual: bool = True
+
+    @property
+    def numel(self) -> int:
+        return self.dm.local_tokens * self.dm.h
+
+    def forward(self, g: GraphBuilder) -> None:
+        g.add(elementwise(self.name, self.numel, 1, 1, self.dm.ab,
+                          saves=(SavedTensor(f"{self.name}.input", self.numel, self.dm.ab),)))
+
+    def backward(self, g: GraphBuilder, after: str) -> str:
+        last = g.add(elementwise(f"{self.name}.backward", self.numel, 4, 1, self.dm.ab), after=(after,))
+        if self.residual:
+            last = g.add(elementwise(f"{self.name}.residual_grad_add", self.numel, 2, 1, self.dm.ab))
+        return last
+
+
+@dataclass(frozen=True)
+class DropoutAdd(Module):
+    """Megatron's fused bias-dropout-add into the residual stream, keeping a 1-byte mask."""
+
+    name: str
+    dm: Dims
+    dropout: float
+
+    def forward(self, g: GraphBuilder) -> None:
+        n = self.dm.local_tokens * self.dm.h
+        saves = (SavedTensor(f"{self.name}.mask", n, MASK_BYTES),) if self.dropout > 0 else ()
+        g.add(elementwise(self.name, n, 2, 1, self.dm.ab, saves=saves, mask=self.dropout > 0))
+
+    def backward(self, g: GraphBuilder, after: str) -> str:
+        n = self.dm.local_tokens * self.dm.h
+        return g.add(elementwise(f"{self.name}.backward", n, 1, 1, self.dm.ab, mask=self.dropout > 0), after=(after,))
+
+
+def _linear_backward(g: GraphBuilder, name: str, shape: GemmShape, dm: Dims, column_parallel: bool, after: str,
+                     bias: bool) -> str:
+    """dgrad and wgrad of one linear layer, with the TP collectives Megatron overlaps with them.
+
+    Column-parallel (qkv, fc1): the input gradient needs an all-reduce (or, under SP, a
+    reduce-scatter), launched as soon as dgrad is done and overlapped with wgrad; under SP the
+    sharded saved input is all-gathered again for wgrad, overlapped with dgrad. Under FP8
+    (Transformer Engine) the output gradient is cast (and transposed for wgrad) first.
+    """
+    gather = None
+    if column_parallel and dm.t > 1 and dm.sp:
+        gather = g.add(collective(f"{name}.input_all_gather", CollectiveKind.all_gather, dm.full_activation_bytes,
+                                  dm.t), after=(after,))
+    if shape.fp8:  # cast_transpose of the output gradient: read it, write fp8 and its transpose
+        after = g.add(elementwise(f"{name}.grad_cast", shape.m * shape.n, 1, 2 * FP8_BYTES / dm.ab, dm.ab),
+                      after=(after,))
+    dgrad = g.add(gemm(f"{name}.dgrad", GemmShape(shape.m, shape.k, shape.n, fp8=shape.fp8)), after=(after,))
+    reduce = None
+    if column_parallel and dm.t > 1:
+        reduce = g.add(collective(f"{name}.dgrad_{dm.tp_reduce.value}", dm.tp_reduce, dm.full_activation_bytes, dm.t),
+                       after=(dgrad,))
+    # Megatron's gradient-accumulation fusion: the weight gradient accumulates into main_grad
+    wgrad_shape = GemmShape(shape.k, shape.n, shape.m, accumulate_bytes=dm.gb, fp8=shape.fp8)
+    wgrad = g.add(gemm(f"{name}.wgrad", wgrad_shape), after=(dgrad,) + ((gather,) if gather else ()))
+    if bias:  # grad_output.sum(0): one read of the output gradient (on s/t tokens after a reduce-scatter)
+        tokens = shape.m if column_parallel else dm.local_tokens
+        g.add(elementwise(f"{name}.bias_grad", tokens * shape.n, 1, 0, dm.ab), after=(wgrad,))
+    return reduce or dgrad
+
+
+def _input_cast(g: GraphBuilder, name: str, numel: int, dm: Dims) -> None:
+    """Transformer Engine's cast_transpose of a linear layer's input to FP8 (kept for wgrad)."""
+    g.add(elementwise(f"{name}.input_cast", numel, 1, 2 * FP8_BYTES / dm.ab, dm.ab))
+
+
+@dataclass(frozen=True)
+class ColumnParallelLinear(Module):
+    """Y = X A, A split along its columns (output features) over the TP ranks: A = [A_1, ..., A_t].
+
+    Under SP the input arrives sequence-sharded and is all-gathered first (``gather_name``); the
+    GEMM saves the sharded input. ``bias_add``: Megatron adds the bias in a kernel of its own (QKV;
+    fc1's is fused into the activation). ``split_numel``: the output is split into views (q, k, v)
+    whose gradients autograd assembles into one tensor before this layer's backward.
+    """
+
+    name: str
+    dm: Dims
+    out_features: int  # per rank
+    in_features: int
+    gather_name: str
+    bias_add: bool = False
+    bias_grad: bool = False
+    fp8: bool = False
+    split_numel: int = 0
+
+    @property
+    def shape(self) -> GemmShape:
+        return GemmShape(self.dm.tokens, self.out_features, self.in_features, fp8=self.fp8)
+
+    def forward(self, g: GraphBuilder) -> None:
+        dm = self.dm
+        if dm.t > 1 and dm.sp:
+            g.add(collective(self.gather_name, CollectiveKind.all_gather, dm.full_activation_bytes, dm.t))
+        saved = dm.local_tokens * self.in_features
+        if self.fp8:
+            _input_cast(g, self.name, dm.tokens * self.in_features, dm)
+        g.add(gemm(self.name, self.shape,
+                   saves=(SavedTensor(f"{self.name}.input", saved, FP8_BYTES if self.fp8 else dm.ab),)))
+        if self.bias_add:
+            g.add(elementwise(f"{self.name}.bias_add", dm.tokens * self.out_features, 1, 1, dm.ab))
+
+    def backward(self, g: GraphBuilder, after: str) -> str:
+        if self.split_numel:
+            after = g.add(elementwise(f"{self.name}.split.backward", self.split_numel, 1, 1, self.dm.ab),
+                          after=(after,))
+        return _linear_backward(g, self.name, self.shape, self.dm, True, after, self.bias_grad)
+
+
+@dataclass(frozen=True)
+class RowParallelLinear(Module):
+    """Y = X A, A split along its rows (input features): X = [X_1, ..., X_t], Y = sum_i X_i A_i,
+    the sum an all-reduce, or a reduce-scatter over the sequence under SP (``reduce_prefix``)."""
+
+    name: str
+    dm: Dims
+    out_features: int
+    in_features: int  # per rank
+    reduce_prefix: str
+    bias_grad: bool = False
+    fp8: bool = False
+
+    @property
+    def shape(self) -> GemmShape:
+        return GemmShape(self.dm.tokens, self.out_features, self.in_features, fp8=self.fp8)
+
+    def forward(self, g: GraphBuilder) -> None:
+        dm = self.dm
+        saved = dm.tokens * self.in_features
+        if self.fp8:
+            _input_cast(g, self.name, saved, dm)
+        g.add(gemm(self.name, self.shape,
+                   saves=(SavedTensor(f"{self.name}.input", saved, FP8_BYTES if self.fp8 else dm.ab),)))
+        if dm.t > 1:
+            g.add(collective(f"{self.reduce_prefix}_{dm.tp_reduce.value}", dm.tp_reduce, dm.full_activation_bytes,
+                             dm.t))
+
+    def backward(self, g: GraphBuilder, after: str) -> str:
+        dm = self.dm
+        if dm.t > 1 and dm.sp:
+            after = g.add(collective(f"{self.name}.grad_all_gather", CollectiveKind.all_gather,
+                                     dm.full_activation_bytes, dm.t), after=(after,))
+        return _linear_backward(g, self.name, self.shape, dm, False, after, self.bias_grad)
+
+
+@dataclass(frozen=True)
+class Activation(Module):
+    """GeLU (fused with fc1's bias) or SwiGLU on fc1's output, saving its input."""
+
+    name: str
+    dm: Dims
+
+    def forward(self, g: GraphBuilder) -> None:
+        n = self.dm.tokens * self.dm.mlp_in
+        g.add(elementwise(self.name, n, 1, self.dm.f / self.dm.mlp_in, self.dm.ab,
+                          saves=(SavedTensor(f"{self.name}.input", n, self.dm.ab),)))
+
+    def backward(self, g: GraphBuilder, after: str) -> str:
+        return g.add(elementwise(f"{self.name}.backward", self.dm.tokens * self.dm.mlp_in, 2, 1, self.dm.ab),
+                     after=(after,))
+
+
+@dataclass(frozen=True)
+class Rotary(Module):
+    """Rotary position embedding applied to q and k."""
+
+    dm: Dims
+
+    @property
+    def numel(self) -> int:
+        return self.dm.tokens * (self.dm.a * self.dm.d + self.dm.kv)
+
+    def forward(self, g: GraphBuilder) -> None:
+        g.add(elementwise("rotary", self.numel, 1, 1, self.dm.ab))
+
+    def backward(self, g: GraphBuilder, after: str) -> str:
+        return g.add(elementwise("rotary.backward", self.numel, 1, 1, self.dm.ab), after=(after,))
+
+
+@dataclass(frozen=True)
+class FlashAttention(Module):
+    """A fused causal attention kernel that never materialises the s x s scores; it keeps q, k, v and
+    the per-row log-sum-exp. Its backward recomputes the scores: 2.5x the forward's FLOPs (FA2)."""
+
+    dm: Dims
+
+    def forward(self, g: GraphBuilder) -> None:
+        dm = self.dm
+        q, kv = dm.tokens * dm.a * dm.d, dm.tokens * dm.kv
+        saves = (SavedTensor("q", q, dm.ab, region_input=True), SavedTensor("k", kv, dm.ab, region_input=True),
+                 SavedTensor("v", kv, dm.ab, region_input=True),
+                 SavedTensor("attention.logsumexp", dm.b * dm.a * dm.s, FP32_BYTES))
+        g.add(Op("attention", OpKind.flash_attention, flops=self.flops, saves=saves, region=CORE_ATTENTION,
+                 attention=(dm.b * dm.a, dm.s, dm.d, True)))
+
+    @property
+    def flops(self) -> float:
+        dm = self.dm
+        return 4.0 * dm.b * dm.a * dm.s * dm.s * dm.d / 2  # causal mask skips half of QK^T and PV
+
+    def backward(self, g: GraphBuilder, after: str) -> str:
+        dm = self.dm
+        return g.add(Op("attention.backward", OpKind.flash_attention, flops=2.5 * self.flops, region=CORE_ATTENTION,
+                        attention=(dm.b * dm.a, dm.s, dm.d, True)), after=(after,))
+
+
+@dataclass(frozen=True)
+class CoreAttention(Module):
+    """Megatron's unfused attention: QK^T, the softmax (``softmax``: its kernels as (name, bytes read,
+    bytes written) per score element), dropout on the probabilities, the product with V, and the
+    permute-copy of the context back to [s, b, heads x d]. The region selective recompute replays."""
+
+    dm: Dims
+    softmax: tuple[tuple[str, float, float], ...]
+    dropout: float
+
+    @property
+    def probs(self) -> int:
+        return self.dm.b * self.dm.a * self.dm.s * self.dm.s
+
+    def _scores(self) -> GemmShape:
+        return GemmShape(self.dm.s, self.dm.s, self.dm.d, batch=self.dm.b * self.dm.a)
+
+    def _context(self) -> GemmShape:
+        return GemmShape(self.dm.s, self.dm.d, self.dm.s, batch=self.dm.b * self.dm.a)
+
+    def forward(self, g: GraphBuilder) -> None:
+        dm, probs, ab = self.dm, self.probs, self.dm.ab
+        q, kv = dm.tokens * dm.a * dm.d, dm.tokens * dm.kv
+        g.add(gemm("attention_scores", self._scores(), kind=OpKind.batched_gemm, region=CORE_ATTENTION, saves=(
+            SavedTensor("q", q, ab, region_input=True), SavedTensor("k", kv, ab, region_input=True))))
+        for name, read, write in self.softmax:  # the softmax keeps its output, in the dtype it computes in
+            saves = (SavedTensor("softmax.output", probs, int(write)),) if name == "softmax" else ()
+            g.add(elementwise(name, probs, read / ab, write / ab, ab, region=CORE_ATTENTION, saves=saves))
+        context_saves = [SavedTensor("v", kv, ab, region_input=True)]
+        if len(self.softmax) > 1 and self.dropout == 0:  # the context GEMM keeps the cast-back copy
+            context_saves.append(SavedTensor("softmax.cast_back.output", probs, ab))
+        if self.dropout > 0:
+            g.add(elementwise("attention_dropout", probs, 1, 1, ab, region=CORE_ATTENTION, mask=True,
+                              saves=(SavedTensor("attention_dropout.mask", probs, MASK_BYTES),)))
+            context_saves.append(SavedTensor("attention_dropout.output", probs, ab))
+        # without dropout the context GEMM keeps the softmax output, already counted once
+        g.add(gemm("attention_context", self._context(), kind=OpKind.batched_gemm, region=CORE_ATTENTION,
+                   saves=tuple(context_saves)))
+        # [b * heads, s, d] -> [s, b, heads * d] for the projection: permute(...).contiguous() copies
+        g.add(elementwise("attention_context.copy", q, 1, 1, ab, region=CORE_ATTENTION))
+
+    def backward(self, g: GraphBuilder, after: str) -> str:
+        dm, probs, ab = self.dm, self.probs, self.dm.ab
+        ctx, sc = self._context(), self._scores()
+        g.add(elementwise("attention_context.copy.backward", dm.tokens * dm.a * dm.d, 1, 1, ab), after=(after,))
+        g.add(gemm("attention_context.dgrad_probs", GemmShape(ctx.m, ctx.k, ctx.n, ctx.batch), kind=OpKind.batched_gemm))
+        g.add(gemm("attention_context.dgrad_v", GemmShape(ctx.k, ctx.n, ctx.m, ctx.batch), kind=OpKind.batched_gemm))
+        if self.dropout > 0:
+            g.add(elementwise("attention_dropout.backward", probs, 1, 1, ab, mask=True))
+        for name, read, write in reversed(self.softmax):
+            if name == "softmax":  # reads its output and the gradient, writes the input gradient
+                g.add(elementwise("softmax.backward", probs, 3 * write / ab - 1, 1, ab))
+            else:  # the gradient passes through: read in one dtype, written in the other
+                g.add(elementwise(f"{name}.backward", probs, write / ab, read / ab, ab))
+        g.add(gemm("attention_scores.dgrad_q", GemmShape(sc.m, sc.k, sc.n, sc.batch), kind=OpKind.batched_gemm))
+        return g.add(gemm("attention_scores.dgrad_k", GemmShape(sc.n, sc.k, sc.m, sc.batch), kind=OpKind.batched_gemm))
+
+
+def build_forward(modules: list[Module]) -> GraphBuilder:
+    g = GraphBuilder()
+    for m in modules:
+        m.forward(g)
+    return g
+
+
+def build_backward(modules: list[Module], first: Op | None = None) -> GraphBuilder:
+    """The modules' backwards in reverse order; ``first`` (e.g. the loss's backward) starts it."""
+    g = GraphBuilder()
+    after = g.add(first) if first is not None else None
+    for m in reversed(modules):
+        after = m.backward(g, after)
+    return g
