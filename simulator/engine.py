@@ -6,10 +6,12 @@ three streams: compute (a process walking the stage's schedule steps), pipeline 
 data-parallel gradient reduction (a ``Resource`` per stage). A step waits for its input to
 arrive, occupies the compute stream for its duration, then hands its output to the link.
 
-Gradient reduction runs after the stage's last backward, or, with ``overlap_grad_reduce``, per
-model chunk as soon as that chunk's last backward is done. The optimizer step waits for every
-stage (Megatron's gradient clipping takes a global norm), so the iteration ends at the slowest
-stage's ready time plus the slowest optimizer step.
+Gradient reduction runs after the stage's last backward, or, with ``overlap_grad_reduce``, in
+buckets during the last backward of each model chunk (Megatron-Core's DDP: a bucket is reduced
+as soon as the last micro-batch has produced all of its gradients, the chunk's last layers
+first); the buckets of a stage queue on one data-parallel stream. The optimizer step waits for
+every stage (Megatron's gradient clipping takes a global norm), so the iteration ends at the
+slowest stage's ready time plus the slowest optimizer step.
 
 Event order depends only on the schedule data and the durations (simpy breaks ties by
 insertion order), so the same input gives the same result, bit for bit.
@@ -31,11 +33,12 @@ class StageWork:
 
     forward_s: tuple[float, ...]
     backward_s: tuple[float, ...]  # including the recompute replayed before each backward
-    grad_reduce_s: tuple[float, ...]  # DP reduction of each chunk's gradients
+    grad_reduce_s: tuple[float, ...]  # DP reduction of each chunk's gradients, all its buckets
     optimizer_s: float  # optimizer step (and, with the distributed optimizer, the parameter all-gather)
     # of forward_s / backward_s, the time the device waits for the host to issue work (for the breakdown)
     forward_host_wait_s: tuple[float, ...] = ()
     backward_host_wait_s: tuple[float, ...] = ()
+    grad_buckets: tuple[int, ...] = ()  # buckets each chunk's reduction is split into (default one)
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,6 @@ def simulate(schedule: Schedule, work: PipelineWork, record: bool = False) -> En
     env = simpy.Environment()
     arrivals: dict[tuple, simpy.Event] = {}
     sent_at: dict[tuple, tuple[float, float]] = {}  # key -> (transfer start, duration)
-    dp_streams = [simpy.Resource(env, capacity=1) for _ in range(p)]
     results = [StageResult() for _ in range(p)]
     intervals: list[Interval] = []
 
@@ -141,13 +143,20 @@ def simulate(schedule: Schedule, work: PipelineWork, record: bool = False) -> En
             done.callbacks.append(lambda _ev: waiting.succeed())
         return done
 
-    def reduce(stage: int, chunk: int, duration: float):
-        with dp_streams[stage].request() as req:
-            yield req
-            start = env.now
-            yield env.timeout(duration)
-        if record:
-            intervals.append(Interval(stage, "dp", f"grad reduce chunk {chunk}", start, env.now))
+    dp_free = [0.0] * p  # when each stage's data-parallel stream is next free
+
+    def reduce(stage: int, chunk: int, ready_from: float, ready_to: float) -> float:
+        """Queue a chunk's buckets on the stage's DP stream, bucket j ready at ready_from + (j + 1)/n of the
+        way to ready_to; the time the last one is done."""
+        sw = work.stages[stage]
+        n = sw.grad_buckets[chunk] if sw.grad_buckets else 1
+        each = sw.grad_reduce_s[chunk] / n
+        for j in range(n):
+            start = max(ready_from + (ready_to - ready_from) * (j + 1) / n, dp_free[stage])
+            dp_free[stage] = start + each
+            if record and each > 0:
+                intervals.append(Interval(stage, "dp", f"grad reduce chunk {chunk} bucket {j}", start, start + each))
+        return dp_free[stage]
 
     last_backward = {}
     for s, steps in enumerate(schedule):
@@ -157,7 +166,7 @@ def simulate(schedule: Schedule, work: PipelineWork, record: bool = False) -> En
 
     def stage(s: int, steps: tuple[Step, ...]):
         res, sw = results[s], work.stages[s]
-        reductions = []
+        grads_done = 0.0
         for i, step in enumerate(steps):
             key = _producer_key(step, p, v)
             if key is not None:
@@ -190,11 +199,12 @@ def simulate(schedule: Schedule, work: PipelineWork, record: bool = False) -> En
             if not forward:
                 res.last_backward_end_s = env.now
                 if work.overlap_grad_reduce and last_backward[(s, step.chunk)] == i:
-                    reductions.append(env.process(reduce(s, step.chunk, sw.grad_reduce_s[step.chunk])))
+                    grads_done = max(grads_done, reduce(s, step.chunk, start, start + duration))
         if not work.overlap_grad_reduce:
-            reductions = [env.process(reduce(s, c, d)) for c, d in enumerate(sw.grad_reduce_s)]
-        if reductions:
-            yield env.all_of(reductions)
+            for c in range(len(sw.grad_reduce_s)):
+                grads_done = max(grads_done, reduce(s, c, env.now, env.now))
+        if grads_done > env.now:
+            yield env.timeout(grads_done - env.now)
         res.grads_ready_s = env.now
         res.optimizer_s = sw.optimizer_s
 

@@ -7,6 +7,7 @@ reads an end-to-end measurement.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -160,12 +161,28 @@ def _p2p_times(cost, job: Job) -> tuple[float, ...]:
     return tuple(times)
 
 
-def _optimizer_time(cost, job: Job, params: int) -> float:
-    d = job.plan.data_parallel_size
-    shard = params / d if job.plan.use_distributed_optimizer else params
+def grad_buckets(job: Job, params: float) -> int:
+    """Buckets Megatron-Core's DDP splits ``params`` gradients into: one without overlap, else
+    ``ddp_bucket_size`` parameters each (default max(40M, 1M x DP), as Megatron sizes them)."""
+    plan = job.plan
+    if not plan.overlap_grad_reduce or params <= 0:
+        return 1
+    size = plan.ddp_bucket_size or max(40_000_000, 1_000_000 * plan.data_parallel_size)
+    return max(1, math.ceil(params / size))
+
+
+def _optimizer_time(cost, job: Job, params: int, first_forward_s: float) -> float:
+    """The optimizer step; with the distributed optimizer, the all-gather of the updated bf16
+    parameters, which ``overlap_param_gather`` issues bucket by bucket during the next forward: only
+    the first bucket, and what the forward step cannot cover, stays exposed."""
+    plan = job.plan
+    d = plan.data_parallel_size
+    shard = params / d if plan.use_distributed_optimizer else params
     step = cost.op_time_s(Op("optimizer", OpKind.elementwise, bytes_moved=shard * OPTIMIZER_BYTES_PER_PARAM))
-    if job.plan.use_distributed_optimizer:
-        step += _dp_time(cost, job, CollectiveKind.all_gather, params * 2)
+    if plan.use_distributed_optimizer:
+        n = grad_buckets(job, params) if plan.overlap_param_gather else 1
+        bucket = _dp_time(cost, job, CollectiveKind.all_gather, params * plan.precision.activation_bytes / n)
+        step += bucket + (max(0.0, (n - 1) * bucket - first_forward_s) if plan.overlap_param_gather else 0.0)
     if cost.host is not None:
         step += cost.host.iteration_s
     return step
@@ -212,21 +229,25 @@ def build_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes) -> Pipeline
     embedding_grad_bytes = job.model.vocab_size * job.model.hidden_size // plan.tensor_parallel_size * plan.grad_bytes
     stages = []
     for s, n in enumerate(job.layers_per_chunk):
-        fwd, bwd, reduce, fwd_wait, bwd_wait = [], [], [], [], []
+        fwd, bwd, reduce, fwd_wait, bwd_wait, buckets = [], [], [], [], [], []
         stage_params = stage_parameters(job, s)
+        chunk_params = stage_params / v
         for c in range(v):
             f, b = _step_spans(job, cost, lt, ext, s, c)
             fwd.append(f.cold_s)
             bwd.append(b.cold_s)
             fwd_wait.append(f.host_wait_s)
             bwd_wait.append(b.host_wait_s)
-            r = _dp_time(cost, job, grad_kind, stage_params / v * plan.grad_bytes)
+            n = grad_buckets(job, chunk_params)
+            r = n * _dp_time(cost, job, grad_kind, chunk_params * plan.grad_bytes / n)
             if tied and ((s == 0 and c == 0) or (s == p - 1 and c == v - 1)):
                 r += cost.collective_time_s(CollectiveKind.all_reduce, embedding_grad_bytes,
                                             Group(size=2, stride=plan.tensor_parallel_size * plan.data_parallel_size * (p - 1)))
             reduce.append(r)
-        stages.append(StageWork(tuple(fwd), tuple(bwd), tuple(reduce), _optimizer_time(cost, job, stage_params),
-                                tuple(fwd_wait), tuple(bwd_wait)))
+            buckets.append(n)
+        stages.append(StageWork(tuple(fwd), tuple(bwd), tuple(reduce),
+                                _optimizer_time(cost, job, stage_params, fwd[0]), tuple(fwd_wait), tuple(bwd_wait),
+                                tuple(buckets)))
     send = _p2p_times(cost, job) if p > 1 else (0.0,)
     return PipelineWork(tuple(stages), send, plan.overlap_grad_reduce, plan.overlap_p2p_comm)
 

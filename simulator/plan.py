@@ -90,11 +90,18 @@ class ParallelPlan(BaseModel):
     fp8_format: Fp8Format | None = Field(
         None,
         description="Run the transformer layers' linear GEMMs (QKV, projection, fc1, fc2: forward, dgrad, wgrad) "
-        "in FP8 on Hopper, as Transformer Engine does; attention, the output layer and every activation stay in "
-        "`precision` (the memory model keeps bf16 activations). None = no FP8.",
+        "in FP8 on Hopper, as Transformer Engine does, with its casts of inputs and output gradients (and their "
+        "transposes); each linear layer saves its FP8 input. Attention, the output layer and every other "
+        "activation stay in `precision`. None = no FP8.",
     )
     use_flash_attention: bool = Field(False, description="Fused attention that never materialises the s x s scores.")
-    overlap_grad_reduce: bool = Field(False, description="Overlap the DP gradient reduction with the backward pass.")
+    overlap_grad_reduce: bool = Field(
+        False, description="Reduce DP gradients in buckets during the last micro-batch's backward (Megatron-Core DDP).")
+    overlap_param_gather: bool = Field(
+        False, description="Distributed optimizer: all-gather the updated parameters bucket by bucket during the next "
+                           "forward instead of after the optimizer step.")
+    ddp_bucket_size: int | None = Field(
+        None, gt=0, description="Parameters per gradient bucket; None = Megatron's max(40M, 1M x DP).")
     overlap_p2p_comm: bool = Field(
         False, description="Pipeline sends run beside compute; off = Megatron's blocking send/receive exchange."
     )
@@ -124,6 +131,13 @@ class ParallelPlan(BaseModel):
             return 4
         fp32 = self.accumulate_allreduce_grads_in_fp32
         return 4 if (fp32 if fp32 is not None else self.precision is Precision.bf16) else 2
+
+    @model_validator(mode="after")
+    def _param_gather_overlap_needs_its_parts(self) -> "ParallelPlan":
+        if self.overlap_param_gather and not (self.use_distributed_optimizer and self.overlap_grad_reduce):
+            raise ValueError("overlap_param_gather needs use_distributed_optimizer and overlap_grad_reduce "
+                             "(Megatron's rule); turn both on or drop overlap_param_gather")
+        return self
 
     @model_validator(mode="after")
     def _bf16_accumulates_in_fp32(self) -> "ParallelPlan":

@@ -180,8 +180,11 @@ def fast_iteration_time_s(work: PipelineWork, num_micro_batches: int) -> float:
     per_mb = [sum(s.forward_s) + sum(s.backward_s) + blocking[i] for i, s in enumerate(work.stages)]
     fill = (p - 1) / v * (sum(per_mb) / p)
     transfers = 2 * (p * v - 1) * sum(send) / p if p > 1 and work.overlap_p2p else 0.0
-    if work.overlap_grad_reduce:
-        reduce = max(s.grad_reduce_s[0] for s in work.stages)
+    if work.overlap_grad_reduce:  # chunk 0's buckets are reduced during the stage's last backward step
+        def exposed(s) -> float:
+            n = s.grad_buckets[0] if s.grad_buckets else 1
+            return max(s.grad_reduce_s[0] / n, s.grad_reduce_s[0] - s.backward_s[0] * (n - 1) / n)
+        reduce = max(exposed(s) for s in work.stages)
     else:
         reduce = max(sum(s.grad_reduce_s) for s in work.stages)
     optimizer = max(s.optimizer_s for s in work.stages)

@@ -63,7 +63,8 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                             help="bf16/fp16 mixed precision with fp32 master weights, or fp32.")),
     (("--fp8-format", "fp8_format"),
      dict(type=click.Choice([f.value for f in Fp8Format]), default=None,
-          help="FP8 GEMMs in the linear layers (Transformer Engine, Hopper only); activations stay bf16.")),
+          help="FP8 GEMMs in the linear layers (Transformer Engine, Hopper only), with its casts; each linear "
+               "layer saves its input in FP8, other activations stay bf16. MFU stays against the bf16 peak.")),
     (("--use-flash-attn", "use_flash_attention"),
      dict(is_flag=True, default=False, help="Fused attention that never stores the s x s scores.")),
     (("--overlap-grad-reduce", "overlap_grad_reduce"),
