@@ -64,12 +64,13 @@ class LayerKey:
     granularity: RecomputeGranularity
     fp8: bool = False  # the four linear layers' GEMMs in FP8
     grad_bytes: int = 4  # element size of main_grad, which weight gradients accumulate into
+    tp_comm_overlap: bool = False
 
     @staticmethod
     def of(plan: ParallelPlan) -> "LayerKey":
         return LayerKey(plan.tensor_parallel_size, plan.sequence_parallel, plan.micro_batch_size, plan.precision,
                         plan.use_flash_attention, plan.recompute.granularity, plan.fp8_format is not None,
-                        plan.grad_bytes)
+                        plan.grad_bytes, plan.tp_comm_overlap)
 
 
 def _dims(model: ModelSpec, plan: LayerKey) -> Dims:
@@ -88,6 +89,7 @@ def _dims(model: ModelSpec, plan: LayerKey) -> Dims:
         ab=plan.precision.activation_bytes,
         mlp_in=2 * f if model.swiglu else f,
         gb=plan.grad_bytes,
+        tp_overlap=plan.tp_comm_overlap,
     )
 
 

@@ -14,7 +14,7 @@ it again in the backward pass, which is what makes every activation divisible by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.ops import (
     CORE_ATTENTION,
@@ -32,6 +32,9 @@ from simulator.ops import (
 )
 
 FP8_BYTES = 1
+# Transformer Engine's default userbuffers recipe: a GEMM feeding a reduce-scatter is pipelined in 4
+# splits; an all-gather feeding a GEMM is a ring exchange of one chunk per TP rank.
+REDUCE_SCATTER_SPLITS = 4
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Dims:
     ab: int  # activation bytes per element
     mlp_in: int  # fc1 output width on this rank (2f with SwiGLU)
     gb: int = FP32_BYTES  # gradient buffer (main_grad) bytes per element
+    tp_overlap: bool = False  # --tp-comm-overlap: SP collectives pipelined with their GEMMs in chunks
 
     @property
     def tokens(self) -> int:
@@ -64,6 +68,11 @@ class Dims:
     def full_activation_bytes(self) -> int:
         """One [s, b, h] activation of all tokens: what a tensor-parallel collective moves."""
         return self.tokens * self.h * self.ab
+
+    @property
+    def chunked(self) -> bool:
+        """Whether SP's collectives run chunk by chunk beside their GEMMs (``--tp-comm-overlap``)."""
+        return self.tp_overlap and self.sp and self.t > 1
 
     @property
     def tp_reduce(self) -> CollectiveKind:
@@ -125,14 +134,52 @@ class DropoutAdd(Module):
         return g.add(elementwise(f"{self.name}.backward", n, 1, 1, self.dm.ab, mask=self.dropout > 0), after=(after,))
 
 
+def _gather_into_gemm(g: GraphBuilder, gather: str, gemm_name: str, shape: GemmShape, dm: Dims, after: str | None,
+                      saves=()) -> str:
+    """An all-gather feeding a GEMM, pipelined as Transformer Engine's userbuffers run it under
+    ``--tp-comm-overlap``: the GEMM of chunk i (m / t rows) runs while chunk i + 1 arrives, so only the
+    first chunk's transfer and the last chunk's GEMM stay exposed. Otherwise the GEMM waits for all."""
+    deps = (after,) if after is not None else None
+    if not dm.chunked:
+        g.add(collective(gather, CollectiveKind.all_gather, dm.full_activation_bytes, dm.t), after=deps)
+        return g.add(gemm(gemm_name, shape, saves=saves))
+    t, part = dm.t, GemmShape(shape.m // dm.t, shape.n, shape.k, accumulate_bytes=shape.accumulate_bytes, fp8=shape.fp8)
+    first = g.add(collective(f"{gather}.chunk", CollectiveKind.all_gather, dm.full_activation_bytes // t, t), after=deps)
+    rest = g.add(collective(gather, CollectiveKind.all_gather, dm.full_activation_bytes * (t - 1) // t, t),
+                 after=(first,))
+    early = g.add(gemm(f"{gemm_name}.chunks", replace(part, batch=t - 1)), after=(first,))
+    return g.add(gemm(gemm_name, part, saves=saves), after=(early, rest))
+
+
+def _gemm_into_reduce(g: GraphBuilder, gemm_name: str, shape: GemmShape, reduce: str, dm: Dims, after: str | None,
+                      saves=()) -> tuple[str, str | None]:
+    """A GEMM whose output is reduce-scattered (all-reduced without SP); under ``--tp-comm-overlap``
+    the GEMM runs in ``REDUCE_SCATTER_SPLITS`` splits and split i's reduce-scatter beside split i + 1's
+    GEMM. Returns (the GEMM, the reduction)."""
+    deps = (after,) if after is not None else None
+    if not dm.chunked:
+        done = g.add(gemm(gemm_name, shape, saves=saves), after=deps)
+        if dm.t == 1:
+            return done, None
+        return done, g.add(collective(reduce, dm.tp_reduce, dm.full_activation_bytes, dm.t), after=(done,))
+    n = REDUCE_SCATTER_SPLITS
+    part = GemmShape(shape.m // n, shape.n, shape.k, accumulate_bytes=shape.accumulate_bytes, fp8=shape.fp8)
+    first = g.add(gemm(gemm_name, part, saves=saves), after=deps)
+    early = g.add(collective(f"{reduce}.chunks", dm.tp_reduce, dm.full_activation_bytes * (n - 1) // n, dm.t),
+                  after=(first,))
+    rest = g.add(gemm(f"{gemm_name}.chunks", replace(part, batch=n - 1)), after=(first,))
+    return rest, g.add(collective(reduce, dm.tp_reduce, dm.full_activation_bytes // n, dm.t), after=(rest, early))
+
+
 def _linear_backward(g: GraphBuilder, name: str, shape: GemmShape, dm: Dims, column_parallel: bool, after: str,
-                     bias: bool) -> str:
+                     bias: bool, grad_gather: str | None = None) -> str:
     """dgrad and wgrad of one linear layer, with the TP collectives Megatron overlaps with them.
 
     Column-parallel (qkv, fc1): the input gradient needs an all-reduce (or, under SP, a
     reduce-scatter), launched as soon as dgrad is done and overlapped with wgrad; under SP the
     sharded saved input is all-gathered again for wgrad, overlapped with dgrad. Under FP8
     (Transformer Engine) the output gradient is cast (and transposed for wgrad) first.
+    Row-parallel under SP: the output gradient is all-gathered (``grad_gather``) before dgrad.
     """
     gather = None
     if column_parallel and dm.t > 1 and dm.sp:
@@ -141,11 +188,17 @@ def _linear_backward(g: GraphBuilder, name: str, shape: GemmShape, dm: Dims, col
     if shape.fp8:  # cast_transpose of the output gradient: read it, write fp8 and its transpose
         after = g.add(elementwise(f"{name}.grad_cast", shape.m * shape.n, 1, 2 * FP8_BYTES / dm.ab, dm.ab),
                       after=(after,))
-    dgrad = g.add(gemm(f"{name}.dgrad", GemmShape(shape.m, shape.k, shape.n, fp8=shape.fp8)), after=(after,))
+    dgrad_shape = GemmShape(shape.m, shape.k, shape.n, fp8=shape.fp8)
     reduce = None
-    if column_parallel and dm.t > 1:
-        reduce = g.add(collective(f"{name}.dgrad_{dm.tp_reduce.value}", dm.tp_reduce, dm.full_activation_bytes, dm.t),
-                       after=(dgrad,))
+    if column_parallel:  # the reduction already runs beside wgrad (Transformer Engine's bulk overlap too)
+        dgrad = g.add(gemm(f"{name}.dgrad", dgrad_shape), after=(after,))
+        if dm.t > 1:
+            reduce = g.add(collective(f"{name}.dgrad_{dm.tp_reduce.value}", dm.tp_reduce, dm.full_activation_bytes,
+                                      dm.t), after=(dgrad,))
+    elif grad_gather is not None:
+        dgrad = _gather_into_gemm(g, grad_gather, f"{name}.dgrad", dgrad_shape, dm, after)
+    else:
+        dgrad = g.add(gemm(f"{name}.dgrad", dgrad_shape), after=(after,))
     # Megatron's gradient-accumulation fusion: the weight gradient accumulates into main_grad
     wgrad_shape = GemmShape(shape.k, shape.n, shape.m, accumulate_bytes=dm.gb, fp8=shape.fp8)
     wgrad = g.add(gemm(f"{name}.wgrad", wgrad_shape), after=(dgrad,) + ((gather,) if gather else ()))
@@ -186,13 +239,14 @@ class ColumnParallelLinear(Module):
 
     def forward(self, g: GraphBuilder) -> None:
         dm = self.dm
-        if dm.t > 1 and dm.sp:
-            g.add(collective(self.gather_name, CollectiveKind.all_gather, dm.full_activation_bytes, dm.t))
         saved = dm.local_tokens * self.in_features
         if self.fp8:
-            _input_cast(g, self.name, dm.tokens * self.in_features, dm)
-        g.add(gemm(self.name, self.shape,
-                   saves=(SavedTensor(f"{self.name}.input", saved, FP8_BYTES if self.fp8 else dm.ab),)))
+            _input_cast(g, self.name, saved, dm)
+        saves = (SavedTensor(f"{self.name}.input", saved, FP8_BYTES if self.fp8 else dm.ab),)
+        if dm.t > 1 and dm.sp:
+            _gather_into_gemm(g, self.gather_name, self.name, self.shape, dm, None, saves)
+        else:
+            g.add(gemm(self.name, self.shape, saves=saves))
         if self.bias_add:
             g.add(elementwise(f"{self.name}.bias_add", dm.tokens * self.out_features, 1, 1, dm.ab))
 
@@ -225,18 +279,12 @@ class RowParallelLinear(Module):
         saved = dm.tokens * self.in_features
         if self.fp8:
             _input_cast(g, self.name, saved, dm)
-        g.add(gemm(self.name, self.shape,
-                   saves=(SavedTensor(f"{self.name}.input", saved, FP8_BYTES if self.fp8 else dm.ab),)))
-        if dm.t > 1:
-            g.add(collective(f"{self.reduce_prefix}_{dm.tp_reduce.value}", dm.tp_reduce, dm.full_activation_bytes,
-                             dm.t))
+        _gemm_into_reduce(g, self.name, self.shape, f"{self.reduce_prefix}_{dm.tp_reduce.value}", dm, None,
+                          saves=(SavedTensor(f"{self.name}.input", saved, FP8_BYTES if self.fp8 else dm.ab),))
 
     def backward(self, g: GraphBuilder, after: str) -> str:
-        dm = self.dm
-        if dm.t > 1 and dm.sp:
-            after = g.add(collective(f"{self.name}.grad_all_gather", CollectiveKind.all_gather,
-                                     dm.full_activation_bytes, dm.t), after=(after,))
-        return _linear_backward(g, self.name, self.shape, dm, False, after, self.bias_grad)
+        gather = f"{self.name}.grad_all_gather" if self.dm.t > 1 and self.dm.sp else None
+        return _linear_backward(g, self.name, self.shape, self.dm, False, after, self.bias_grad, gather)
 
 
 @dataclass(frozen=True)

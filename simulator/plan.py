@@ -102,6 +102,9 @@ class ParallelPlan(BaseModel):
                            "forward instead of after the optimizer step.")
     ddp_bucket_size: int | None = Field(
         None, gt=0, description="Parameters per gradient bucket; None = Megatron's max(40M, 1M x DP).")
+    tp_comm_overlap: bool = Field(
+        False, description="Pipeline SP's all-gathers and reduce-scatters with their GEMMs chunk by chunk "
+                           "(Transformer Engine userbuffers, --tp-comm-overlap); needs sequence parallelism.")
     overlap_p2p_comm: bool = Field(
         False, description="Pipeline sends run beside compute; off = Megatron's blocking send/receive exchange."
     )
@@ -131,6 +134,13 @@ class ParallelPlan(BaseModel):
             return 4
         fp32 = self.accumulate_allreduce_grads_in_fp32
         return 4 if (fp32 if fp32 is not None else self.precision is Precision.bf16) else 2
+
+    @model_validator(mode="after")
+    def _tp_comm_overlap_needs_sp(self) -> "ParallelPlan":
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ValueError("tp_comm_overlap pipelines sequence parallelism's collectives, so it needs "
+                             "sequence_parallel (and TP > 1); turn SP on or drop tp_comm_overlap")
+        return self
 
     @model_validator(mode="after")
     def _param_gather_overlap_needs_its_parts(self) -> "ParallelPlan":

@@ -1,7 +1,7 @@
 """The layer graph: the ops Megatron runs, their bytes, and what does not depend on what."""
 
 from simulator.layers import FP32_BYTES, embedding_extras, ordered_ops, output_extras, transformer_layer
-from simulator.model import PRESETS
+from simulator.model import PRESETS, ModelSpec
 from simulator.plan import ParallelPlan, Precision
 
 GPT3 = PRESETS["gpt3-175b"]
@@ -36,3 +36,30 @@ def test_selective_recompute_replays_the_context_copy_with_the_core_attention():
     layer = transformer_layer(GPT3, plan(recompute={"granularity": "selective"}))
     assert "recompute.attention_context.copy" in ops(layer.recompute)
     assert "recompute.qkv.bias_add" not in ops(layer.recompute)
+
+
+def _totals(graph) -> tuple[float, float, float]:
+    o = ordered_ops(graph)
+    return (sum(x.flops for x in o), sum(x.bytes_moved for x in o),
+            sum(x.collective.bytes for x in o if x.collective is not None))
+
+
+def test_tp_comm_overlap_only_reorders_the_work():
+    """Chunking SP's collectives beside their GEMMs moves no FLOP, byte or saved tensor."""
+    base = plan(sequence_parallel=True)
+    over = base.model_copy(update={"tp_comm_overlap": True})
+    a, b = transformer_layer(GPT3, base), transformer_layer(GPT3, over)
+    assert _totals(a.forward) == _totals(b.forward) and _totals(a.backward) == _totals(b.backward)
+    assert a.saved_tensors("none") == b.saved_tensors("none")
+
+
+def test_fused_softmax_needs_whole_blocks_of_score_matrices():
+    from simulator.layers import fused_softmax_available
+
+    assert fused_softmax_available(2048, 12, True)  # GPT-3 175B on TP 8: 96 / 8 heads, b = 1
+    assert not fused_softmax_available(1024, 2, True)  # 16 heads on TP 8, b = 1: Megatron's PyTorch path
+    assert not fused_softmax_available(2048, 12, False)  # fp32 scores never take the kernel
+    small = ModelSpec(num_layers=2, hidden_size=1024, num_attention_heads=16, seq_length=1024)
+    torch_path = ops(transformer_layer(small, plan(precision=Precision.fp16)).forward)
+    assert {"softmax.cast_fp32", "softmax.scale", "softmax.mask", "softmax.cast_back"} <= set(torch_path)
+    assert torch_path["softmax"].saves[0].dtype_bytes == FP32_BYTES
