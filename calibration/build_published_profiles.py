@@ -53,15 +53,19 @@ NCCL_NVLINK_SIMPLE_US = 3.4
 NCCL_NET_SIMPLE_US = 14.0
 
 LAUNCH_OVERHEAD_S = 2e-6
+LAUNCH_RANGE = (1e-6, 4e-6)
 LAUNCH_SOURCE = ("not pinned by the published data (all points are large kernels): 2 us, the usual gap between "
-                 "back-to-back CUDA kernels on one stream")
+                 "back-to-back CUDA kernels on one stream; range 1-4 us")
 K_HALF = 128.0
+K_HALF_RANGE = (64.0, 256.0)
 K_HALF_SOURCE = ("not pinned by the published data (no k sweep was extracted from Anthony et al.): 128 elements, "
-                 "about 4 k-steps of 32 for pipeline fill plus the epilogue that writes a tile of C")
+                 "about 4 k-steps of 32 for pipeline fill plus the epilogue that writes a tile of C; range 2-8 "
+                 "k-steps")
 OVERLAP_SLOWDOWN = 0.10
+OVERLAP_RANGE = (0.07, 0.15)
 OVERLAP_SOURCE = ("not measured in the published data: NCCL runs one thread block per channel, and an NVLink ring "
                   "uses 8-16 channels, 7-15% of 108 SMs, while its traffic competes for HBM; 0.10 is the middle "
-                  "of that range")
+                  "of that range, which bounds it")
 
 
 def _measured() -> dict[str, dict]:
@@ -111,8 +115,11 @@ def _gemm(gpu: GpuSpec, rows: dict, tiles: tuple[int, int]) -> GemmParams:
                     fixed={**common, **misaligned},
                     note=f"MAMF best shape, {mamf['hardware']} {mamf['dtype']} {mamf['value']} TFLOPS")
     params = {**best.params, "ceiling_efficiency": mamf["value"] / gpu.peak_tflops.bf16}
+    ranges = {"k_half": K_HALF_RANGE, "launch_overhead_s": LAUNCH_RANGE}
+    if gpu.architecture == "ampere":  # "up to 39%": anything from that slowdown to none
+        ranges["misaligned_factor"] = (params["misaligned_factor"], 1.0)
     return GemmParams(
-        **params,
+        **params, ranges=ranges,
         sources={
             "ceiling_efficiency": (f"MAMF {mamf['value']} / {gpu.peak_tflops.bf16} TFLOPS: the best of a brute-force "
                                    f"search over shapes on {mamf['hardware']} ({MD} section 3d), so no shape beats it"),
@@ -149,6 +156,7 @@ def _gemm_fp8(gpu: GpuSpec, rows: dict, bf16: GemmParams) -> GemmParams | None:
     not_published = "no FP8 shape sweep was published (only the MAMF maximum)"
     return GemmParams(
         **best.params, ceiling_efficiency=mamf["value"] / peak,
+        ranges={"k_half": (2 * K_HALF_RANGE[0], 2 * K_HALF_RANGE[1]), "launch_overhead_s": LAUNCH_RANGE},
         sources={
             "ceiling_efficiency": (f"MAMF {mamf['dtype']} {mamf['value']} / {peak} TFLOPS = "
                                    f"{mamf['efficiency_pct']}%: the best of a brute-force search over shapes on "
@@ -203,7 +211,8 @@ def _elementwise(gpu: GpuSpec, rows: dict) -> ElementwiseParams:
             "for any other class")
         fits += (stream.record, rows_fit.record)
     return ElementwiseParams(achieved_fraction=fit.params["achieved_fraction"], launch_overhead_s=LAUNCH_OVERHEAD_S,
-                             kernel_fractions=classes, sources=sources, fits=fits)
+                             kernel_fractions=classes, sources=sources, fits=fits,
+                             ranges={"launch_overhead_s": LAUNCH_RANGE})
 
 
 def _attention(gpu: GpuSpec) -> AttentionParams:
@@ -222,11 +231,13 @@ def _attention(gpu: GpuSpec) -> AttentionParams:
     if gpu.architecture == "ampere":
         return AttentionParams(
             **a100_fit.params,
+            ranges={"launch_overhead_s": LAUNCH_RANGE, "seq_half": (0.0, 2 * a100_fit.params["seq_half"])},
             sources={
                 "forward_efficiency": f"fitted to FA2 on A100 80GB: up to 73% of peak forward ({MD} section 3e, [FA2])",
                 "backward_efficiency": f"fitted to FA2 on A100 80GB: up to 63% of peak backward ({MD} section 3e)",
                 "seq_half": ("fitted: FA2's 50-73% range spans seqlen 512-16k; its low end is attributed to the "
-                             "shortest sequence (an interpretation: the per-seqlen curves exist only as figures)"),
+                             "shortest sequence (an interpretation: the per-seqlen curves exist only as figures); "
+                             "range: no size effect up to twice that"),
                 "launch_overhead_s": LAUNCH_SOURCE,
             },
             fits=(a100_fit.record,))
@@ -235,12 +246,16 @@ def _attention(gpu: GpuSpec) -> AttentionParams:
     points = [point(16384, False, fa3_fwd, peak), point(16384, True, min(1.5 * fa2_h100, 1.0), peak)]
     fit = fit_attention(points, peak, fixed={"launch_overhead_s": LAUNCH_OVERHEAD_S, "seq_half": a100_fit.params["seq_half"]},
                         note="FA3 forward 740 TFLOPs/s; backward = FA2's 335 TFLOPs/s fwd+bwd x FA3's lower 1.5x speedup")
+    backward = fit.params["backward_efficiency"]
     return AttentionParams(
         **fit.params,
+        ranges={"launch_overhead_s": LAUNCH_RANGE, "seq_half": (0.0, 2 * a100_fit.params["seq_half"]),
+                "backward_efficiency": (backward, min(backward * 2.0 / 1.5, 1.0))},
         sources={
             "forward_efficiency": f"fitted to FA3 on H100: up to 740 TFLOPs/s forward, 75% ({MD} section 3e)",
             "backward_efficiency": ("FA2 reaches 335 TFLOPs/s forward+backward on H100 and FA3 is 1.5-2.0x faster; "
-                                    "the lower 1.5x is applied to the backward (no FA3 backward figure was extracted)"),
+                                    "the lower 1.5x is applied to the backward (no FA3 backward figure was "
+                                    "extracted); range up to the 2.0x"),
             "seq_half": "not pinned on Hopper: the A100 FA2 value",
             "launch_overhead_s": LAUNCH_SOURCE,
         },
@@ -267,6 +282,8 @@ def _links(gpu: GpuSpec, rows: dict, nic_gbps: float) -> CollectiveParams:
             ramp_curve=ramp_curve,
             p2p_bandwidth_gbps=nvlink_p2p.params["achieved_fraction"] * gpu.nvlink_bandwidth_gbps_per_direction,
             p2p_latency_s=p2p_latency,
+            ranges={"p2p_bandwidth_gbps": (371 / 450 * gpu.nvlink_bandwidth_gbps_per_direction,
+                                           396.4 / 450 * gpu.nvlink_bandwidth_gbps_per_direction)},
             sources={
                 "latency_s": latency_source,
                 "max_busbw_gbps": f"the best point of {curve_source}, its latency taken out",
@@ -381,6 +398,7 @@ def build_profile(gpu_name: str) -> HardwareProfile:
         gemm=gemm, gemm_fp8=_gemm_fp8(gpu, rows, gemm), elementwise=_elementwise(gpu, rows), attention=_attention(gpu),
         collectives=_links(gpu, rows, nic_gbps), host=_host(),
         overlap_compute_slowdown=OVERLAP_SLOWDOWN, overlap_source=OVERLAP_SOURCE,
+        ranges={"overlap_compute_slowdown": OVERLAP_RANGE},
         notes=f"Fitted to published microbenchmarks ({MD}) by calibration/build_published_profiles.py; the host "
               "block to the single-node development set (calibration/published/vtrain-single-node); the end-to-end "
               "tables of Korthikanti et al. set no parameter.",

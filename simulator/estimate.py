@@ -80,6 +80,16 @@ class Estimate(BaseModel):
     tokens: float | None = None
     training_days: float | None = None
     gpu_hours: float | None = None
+    iteration_time_s_low: float | None = Field(
+        None, description="The iteration time with every unpinned profile constant at its fast end (the band).")
+    iteration_time_s_high: float | None = Field(None, description="... at its slow end.")
+    training_days_low: float | None = None
+    training_days_high: float | None = None
+    band_drivers: tuple[dict, ...] | None = Field(
+        None, description="The unpinned constants that move the answer most, with their ranges and effects.")
+    outside_validated_range: bool = Field(
+        False, description="MFU above the best published run on this GPU, or no published run on it at all.")
+    validation_note: str = Field("", description="Why the answer is outside the validated range, if it is.")
 
 
 @dataclass(frozen=True)
@@ -310,9 +320,11 @@ def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
         seconds = tokens / tokens_per_s
         days = seconds / SECONDS_PER_DAY
         hours = seconds / 3600 * job.num_gpus
+    mfu = model_flops / (T * peak)
+    note = validation_note(job, mfu)
     return Estimate(
         iteration_time_s=T,
-        mfu=model_flops / (T * peak),
+        mfu=mfu,
         hfu=hw_flops / (T * peak),
         tokens_per_s=tokens_per_s,
         tflops_per_gpu=model_flops / T / job.num_gpus / 1e12,
@@ -326,4 +338,18 @@ def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
         tokens=tokens,
         training_days=days,
         gpu_hours=hours,
+        outside_validated_range=bool(note),
+        validation_note=note,
     )
+
+
+def validation_note(job: Job, mfu: float) -> str:
+    """Why a prediction lies outside the range the model was checked in ('' when it does not)."""
+    gpu = job.cluster.gpu
+    if gpu.best_published_mfu is None:
+        return (f"no published end-to-end run on {gpu.name} is in the repository, so this answer is not validated "
+                "end to end; calibrate and validate a run before trusting it")
+    if mfu > gpu.best_published_mfu:
+        return (f"MFU {mfu:.1%} is above the best published run on {gpu.name} ({gpu.best_published_mfu:.1%}): "
+                "outside the range the model was validated in")
+    return ""

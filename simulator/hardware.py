@@ -57,6 +57,9 @@ class GpuSpec(BaseModel):
     l2_cache_mb: float = Field(gt=0)
     nvlink_bandwidth_gbps_per_direction: float = Field(gt=0, description="NVLink per GPU, GB/s per direction.")
     tdp_w: float = Field(gt=0)
+    best_published_mfu: float | None = Field(
+        None, gt=0, le=1, description="The highest MFU a published training run on this GPU reached: predictions "
+                                      "above it are outside the range the model was validated in.")
     asynchronous: bool = Field(
         True, description="The host queues work and runs ahead of the device (CUDA streams); false for a CPU, "
                           "where each op runs on the thread that issues it.")
@@ -69,7 +72,7 @@ class GpuSpec(BaseModel):
 
     def __hash__(self) -> int:  # the sources dict is documentation, not identity
         return hash((self.name, self.peak_tflops, self.hbm_capacity_gib, self.hbm_bandwidth_gbps, self.sm_count,
-                     self.asynchronous))
+                     self.asynchronous, self.best_published_mfu))
 
     @property
     def memory_bytes(self) -> int:

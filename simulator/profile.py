@@ -254,7 +254,46 @@ class HardwareProfile(BaseModel):
         ge=0, lt=1, description="Fraction by which compute slows while an NCCL kernel runs beside it."
     )
     overlap_source: str
+    ranges: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="Plausible (low, high) of this profile's own unpinned numbers "
+                                          "(overlap_compute_slowdown).")
     notes: str = ""
+
+    @model_validator(mode="after")
+    def _ranges_hold_their_values(self) -> "HardwareProfile":
+        for name, (low, high) in self.ranges.items():
+            if name != "overlap_compute_slowdown":
+                raise ValueError(f"the profile has a range for {name!r}, which is not one of its own numbers; "
+                                 "put it in the block the number belongs to")
+            if not low <= getattr(self, name) <= high:
+                raise ValueError(f"{name}={getattr(self, name)} lies outside its range [{low}, {high}]; "
+                                 "widen the range or fix the value")
+        return self
+
+    def unpinned(self) -> list[tuple[str, float, float, float]]:
+        """(path, value, low, high) of every number a range is declared for, e.g. ``gemm.k_half``."""
+        out = [(name, float(getattr(self, name)), low, high) for name, (low, high) in sorted(self.ranges.items())]
+        blocks = [("gemm", self.gemm), ("gemm_fp8", self.gemm_fp8), ("elementwise", self.elementwise),
+                  ("attention", self.attention), ("collectives.nvlink", self.collectives.nvlink),
+                  ("collectives.network", self.collectives.network), ("host", self.host)]
+        for path, block in blocks:
+            if block is not None:
+                out += [(f"{path}.{name}", float(getattr(block, name)), low, high)
+                        for name, (low, high) in sorted(block.ranges.items())]
+        return out
+
+    def with_value(self, path: str, value: float) -> "HardwareProfile":
+        """This profile with the number at ``path`` (as ``unpinned`` names it) set to ``value``."""
+        *parents, name = path.split(".")
+        chain = [self]
+        for part in parents:
+            chain.append(getattr(chain[-1], part))
+        new: BaseModel = chain[-1].model_copy(update={name: value})
+        for parent, part in zip(reversed(chain[:-1]), reversed(parents)):
+            new = parent.model_copy(update={part: new})
+        assert isinstance(new, HardwareProfile)
+        new._hash = None  # a copy carries the original's cached hash
+        return new
 
     def __hash__(self) -> int:
         # Cost models are cached per profile; the dict-valued sources make the default hash fail,

@@ -17,9 +17,8 @@ from typing import Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simulator.engine import PipelineWork
 from simulator.errors import InfeasiblePlanError
-from simulator.estimate import Estimate, build_work, simulate_job
+from simulator.estimate import Estimate, simulate_job
 from simulator.hardware import ClusterSpec
 from simulator.memory import stage_memory
 from simulator.model import ModelSpec
@@ -31,7 +30,8 @@ from simulator.plan import (
     RecomputeMethod,
     RecomputePolicy,
 )
-from simulator.timing import cost_model_for, extra_times, layer_times
+from simulator.band import corners
+from simulator.screen import fast_iteration_time_s, screen  # noqa: F401 - the search's fast tier
 from simulator.units import gib
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -75,6 +75,13 @@ class RankedPlan(BaseModel):
     plan: ParallelPlan
     estimate: Estimate
     screen_time_s: float = Field(description="The closed-form screen's iteration time for this plan.")
+    iteration_time_s_low: float | None = Field(
+        None, description="The iteration time at the band's fast corner (the best plan's unpinned constants at "
+                          "the ends that make it fastest).")
+    iteration_time_s_high: float | None = Field(None, description="... at the slow corner.")
+    within_band_of_best: bool = Field(
+        False, description="Its lead (or the best plan's) flips at a corner of the band: the profile cannot tell "
+                           "the two apart.")
 
 
 class ScreenedPlan(BaseModel):
@@ -163,46 +170,30 @@ def peak_bytes(job: Job) -> int:
     return max(stage_memory(job, s).peak_bytes for s in stages)
 
 
-def fast_iteration_time_s(work: PipelineWork, num_micro_batches: int) -> float:
-    """Closed-form iteration time over the engine's own per-step durations.
-
-    1F1B keeps the slowest stage busy for m micro-batches and pays (p - 1) / v of a mean stage's
-    micro-batch work to fill and drain the pipeline (exact for uniform stages); the gradient
-    reduction and the optimizer close the iteration. Blocking sends hold every step, so they are
-    part of each micro-batch's work, fill and drain included; sends that run beside compute still
-    put the p v - 1 crossings of the first activation and the last gradient on the critical path.
-    """
-    p = len(work.stages)
-    v = len(work.stages[0].forward_s)
-    # with blocking sends every step also waits for its own send: forward to i + 1, backward to i - 1
-    send = work.send_s
-    blocking = [0.0 if work.overlap_p2p or p == 1 else v * (send[i] + send[i - 1]) for i in range(p)]
-    per_mb = [sum(s.forward_s) + sum(s.backward_s) + blocking[i] for i, s in enumerate(work.stages)]
-    fill = (p - 1) / v * (sum(per_mb) / p)
-    transfers = 2 * (p * v - 1) * sum(send) / p if p > 1 and work.overlap_p2p else 0.0
-    if work.overlap_grad_reduce:  # chunk 0's buckets are reduced during the stage's last backward step
-        def exposed(s) -> float:
-            n = s.grad_buckets[0] if s.grad_buckets else 1
-            return max(s.grad_reduce_s[0] / n, s.grad_reduce_s[0] - s.backward_s[0] * (n - 1) / n)
-        reduce = max(exposed(s) for s in work.stages)
-    else:
-        reduce = max(sum(s.grad_reduce_s) for s in work.stages)
-    optimizer = max(s.optimizer_s for s in work.stages)
-    return num_micro_batches * max(per_mb) + fill + transfers + reduce + optimizer
-
-
-def screen(job: Job, profile=None) -> float:
-    """The closed-form iteration time of ``job`` (the search's fast tier)."""
-    cost = cost_model_for(job, profile)
-    work = build_work(job, cost, layer_times(job, cost=cost), extra_times(job, cost))
-    return fast_iteration_time_s(work, job.plan.num_micro_batches)
-
-
 @dataclass
 class _Closest:
     overflow_bytes: float = float("inf")
     plan: ParallelPlan | None = None
     peak: int = 0
+
+
+def _with_bands(req: SearchRequest, profile, ranked: list) -> list[RankedPlan]:
+    """The ranked plans with their bands: the corners are the best plan's, and each plan's time at a
+    corner is its engine time scaled by what the screen says the corner does to it."""
+    if not ranked:
+        return []
+    jobs = [Job.model_construct(model=req.model, cluster=req.cluster, plan=c.plan) for _, c in ranked]
+    c = corners(jobs[0], profile)
+    bands = []
+    for job, (est, cand) in zip(jobs, ranked):
+        base = screen(job, profile)
+        bands.append((est.iteration_time_s * screen(job, c.fast) / base,
+                      est.iteration_time_s * screen(job, c.slow) / base))
+    (best_low, best_high) = bands[0]
+    return [RankedPlan(rank=i + 1, plan=cand.plan, estimate=est, screen_time_s=cand.screen_time_s,
+                       iteration_time_s_low=low, iteration_time_s_high=high,
+                       within_band_of_best=i > 0 and (low <= best_low or high <= best_high))
+            for i, ((est, cand), (low, high)) in enumerate(zip(ranked, bands))]
 
 
 def search(req: SearchRequest, profile=None, tokens: float | None = None, top: int = 10,
@@ -252,8 +243,7 @@ def search(req: SearchRequest, profile=None, tokens: float | None = None, top: i
         ranked.sort(key=lambda r: r[0].iteration_time_s)
         if progress is not None:
             progress("simulating", i + 1, len(finalists))
-    plans = [RankedPlan(rank=i + 1, plan=c.plan, estimate=e, screen_time_s=c.screen_time_s)
-             for i, (e, c) in enumerate(ranked[:top])]
+    plans = _with_bands(req, profile, ranked[:top])
     return SearchResult(plans=plans, screened=screened, enumerated=enumerated,
                         pruned_memory=enumerated - len(screened), simulated=len(ranked),
                         elapsed_s=time.perf_counter() - started)

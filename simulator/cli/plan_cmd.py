@@ -41,7 +41,7 @@ def render(job, est) -> str:
         f"micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size} "
         f"({plan.num_micro_batches} micro-batches per pipeline)",
         "",
-        f"iteration time   {T:9.3f} s",
+        f"iteration time   {T:9.3f} s" + _band(est.iteration_time_s_low, est.iteration_time_s_high, "s", 3),
         f"MFU / HFU        {est.mfu * 100:8.1f} % / {est.hfu * 100:.1f} %   ({est.tflops_per_gpu:.0f} model TFLOP/s per GPU)",
         f"throughput       {est.tokens_per_s:9.0f} tokens/s",
         "",
@@ -49,7 +49,8 @@ def render(job, est) -> str:
     ]
     for name, value in (("compute", b.compute_s), ("TP communication (exposed)", b.tp_communication_s),
                         ("pipeline bubble", b.pipeline_bubble_s), ("pipeline transfers (exposed)", b.pipeline_transfer_s),
-                        ("DP gradient reduction (exposed)", b.data_parallel_s), ("optimizer", b.optimizer_s)):
+                        ("DP gradient reduction (exposed)", b.data_parallel_s), ("optimizer", b.optimizer_s),
+                        ("waiting for the host", b.host_overhead_s)):
         lines.append(f"  {name:32s} {value:9.3f} s  {value / T * 100:5.1f} %")
     mem = est.memory
     worst = mem.stages[mem.overflowing_stage if mem.overflowing_stage is not None else
@@ -61,8 +62,19 @@ def render(job, est) -> str:
     ]
     if est.training_days is not None:
         lines += [f"training         {est.training_days:9.1f} days for {est.tokens:.3g} tokens "
-                  f"({est.gpu_hours:,.0f} GPU-hours)"]
+                  f"({est.gpu_hours:,.0f} GPU-hours)" + _band(est.training_days_low, est.training_days_high, "days", 1)]
+    if est.band_drivers:
+        lines += ["", "band: the profile's unpinned constants at the ends of their ranges; the largest effects:"]
+        for d in est.band_drivers[:3]:
+            lines.append(f"  {d['constant']:32s} {d['low']:.3g} .. {d['high']:.3g}   "
+                         f"{d['change_at_low'] * 100:+5.1f} % .. {d['change_at_high'] * 100:+5.1f} %")
+    if est.validation_note:
+        lines += ["", f"note: {est.validation_note}"]
     return "\n".join(lines)
+
+
+def _band(low: float | None, high: float | None, unit: str, digits: int) -> str:
+    return "" if low is None or high is None else f"   (band {low:.{digits}f} .. {high:.{digits}f} {unit})"
 
 
 @click.command("plan", epilog=EXAMPLES)
@@ -79,14 +91,17 @@ def plan_command(tokens, profile_path, trace_path, as_json, **kwargs):
 
     job = job_from_options(**kwargs)
     profile = load_profile(profile_path) if profile_path else None
+    from simulator.band import with_band
+
     sim = simulate_job(job, profile, tokens=tokens, record=trace_path is not None)
+    est = with_band(job, sim.estimate, profile)
     if trace_path is not None:
         from simulator.trace import write_trace
 
         write_trace(sim, job, trace_path)
     if as_json:
-        click.echo(json.dumps(plan_json(job, sim.estimate), indent=2, sort_keys=True))
+        click.echo(json.dumps(plan_json(job, est), indent=2, sort_keys=True))
     else:
-        click.echo(render(job, sim.estimate))
+        click.echo(render(job, est))
         if trace_path is not None:
             click.echo(f"\ntrace written to {trace_path}")

@@ -112,8 +112,9 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
         write_trace(simulate_job(job, profile, tokens, record=True), job, trace_path)
     if as_json:
         doc = {
-            "plans": [{"rank": r.rank, "screen_time_s": r.screen_time_s,
-                       **plan_json(Job.model_construct(model=req.model, cluster=req.cluster, plan=r.plan), r.estimate)}
+            "plans": [{**plan_json(Job.model_construct(model=req.model, cluster=req.cluster, plan=r.plan), r.estimate),
+                       "rank": r.rank, "screen_time_s": r.screen_time_s, "within_band_of_best": r.within_band_of_best,
+                       "iteration_time_s_low": r.iteration_time_s_low, "iteration_time_s_high": r.iteration_time_s_high}
                       for r in result.plans],
             "enumerated": result.enumerated, "pruned_memory": result.pruned_memory,
             "screened": len(result.screened), "simulated": result.simulated, "elapsed_s": result.elapsed_s,
@@ -124,15 +125,24 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     click.echo(f"{req.model.name} on {gpus} x {req.cluster.gpu.name}, global batch {global_batch_size}: "
                f"{result.enumerated} plans enumerated, {result.pruned_memory} pruned (memory), "
                f"{len(result.screened)} screened, {result.simulated} simulated in {result.elapsed_s:.1f} s\n")
-    header = f"{'#':>2}  {'plan':44s} {'iter (s)':>9} {'MFU':>6} {'peak GiB':>9}" + (f" {'days':>7}" if tokens else "")
+    header = (f"{'#':>2}  {'plan':44s} {'iter (s)':>9} {'band (s)':>13} {'MFU':>6} {'peak GiB':>9}"
+              + (f" {'days':>7}" if tokens else ""))
     click.echo(header)
     for r in result.plans:
         e = r.estimate
-        row = (f"{r.rank:2d}  {_describe(r.plan):44s} {e.iteration_time_s:9.2f} {e.mfu * 100:5.1f}% "
+        band = f"{r.iteration_time_s_low:.2f}-{r.iteration_time_s_high:.2f}" if r.iteration_time_s_low else ""
+        row = (f"{r.rank:2d}  {_describe(r.plan):44s} {e.iteration_time_s:9.2f} {band:>13} {e.mfu * 100:5.1f}% "
                f"{format_gib(e.memory.peak_bytes, 1):>9}")
         if tokens:
             row += f" {e.training_days:7.1f}"
-        click.echo(row)
+        marks = ("=" if r.within_band_of_best else "") + ("!" if e.outside_validated_range else "")
+        click.echo(row + (f"  {marks}" if marks else ""))
+    if any(r.within_band_of_best for r in result.plans):
+        click.echo("= the lead of the best plan over this one flips at a corner of the band: "
+                   "the profile cannot tell them apart")
+    outside = [r for r in result.plans if r.estimate.outside_validated_range]
+    if outside:
+        click.echo(f"! {outside[0].estimate.validation_note}")
     click.echo("\nMegatron-LM flags for the best plan:\n  " + " \\\n  ".join(megatron_args(job)))
     click.echo("\nNeMo config fragment:\n" + nemo_yaml(job))
     if pareto_path is not None:

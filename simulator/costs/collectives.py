@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from simulator.costs.network import NETWORK, NVLINK, Network, RingShape
 from simulator.hardware import ClusterSpec
@@ -65,15 +66,20 @@ def _factor(kind: CollectiveKind, n: int) -> float:
     return (n - 1) / n
 
 
+@lru_cache(maxsize=64)
+def _network(cluster: ClusterSpec, nvlink_efficiency: float, network_efficiency: float) -> Network:
+    """One routed network per cluster and link efficiencies, shared by every profile that has them
+    (the band's variants of a profile change other numbers)."""
+    return Network(cluster, {NVLINK: nvlink_efficiency, NETWORK: network_efficiency})
+
+
 class CollectiveModel:
     def __init__(self, cluster: ClusterSpec, profile: HardwareProfile):
         self.cluster = cluster
         self.nvlink: LinkParams = profile.collectives.nvlink
         self.net: LinkParams = profile.collectives.network
-        self.network = Network(cluster, {
-            NVLINK: min(self.nvlink.max_busbw_gbps / cluster.nvlink_bandwidth_gbps_per_direction, 1.0),
-            NETWORK: min(self.net.max_busbw_gbps / (cluster.nic_line_rate_gbit_s / 8), 1.0),
-        })
+        self.network = _network(cluster, min(self.nvlink.max_busbw_gbps / cluster.nvlink_bandwidth_gbps_per_direction, 1.0),
+                                min(self.net.max_busbw_gbps / (cluster.nic_line_rate_gbit_s / 8), 1.0))
         self._cache: dict[tuple, float] = {}
 
     def _step_latency_s(self, shape: RingShape) -> float:
