@@ -20,6 +20,7 @@ from simulator.memory import memory_plan
 from simulator.model import PRESETS
 from simulator.plan import Job, ParallelPlan, RecomputeGranularity, RecomputePolicy
 from simulator.search import SearchPins, SearchRequest, SearchResult, search
+from simulator.trust import registry_section
 from simulator.timing import layer_times
 from simulator.units import gib
 
@@ -361,15 +362,16 @@ def generate(out: Path) -> dict:
              f"`simulator plan ... --trace FILE` writes the same iteration as a Perfetto trace.", "",
              "![pipeline timeline](figures/pipeline_timeline.png)", ""]
     scale, scale_data = _scaling(figdir)
+    trust, trust_data = registry_section(best_job, d0.article_best.best.estimate.training_days)
     text = ["# Reports: GPT training plans on DGX A100, reproduced from first principles", "",
             f"Regenerate with `{COMMAND}` (every number below is computed by the simulator from "
             "`hardware_specs/`, `calibration/profiles/a100-sxm4-80gb-published.json` and the published tables in "
             "`calibration/published/`; none is typed in).", ""]
-    text += head + _decomposition_table(decs) + val + f8 + figs + claims + mem + gantt + scale
+    text += head + _decomposition_table(decs) + val + f8 + figs + claims + mem + gantt + scale + trust
     (out / "README.md").write_text("\n".join(text) + "\n")
     data = {"headline": head_data, "validation": val_data, "figure8": f8_data, "figures_1_7": figs_data,
             "claims": claims_data,
-            "memory": mem_data, "scaling": scale_data,
+            "memory": mem_data, "scaling": scale_data, "trust": trust_data,
             "decomposition": {d.scenario.model: [d.standard.training_days, d.search_alone.best.estimate.training_days,
                                                  d.article_best.best.estimate.training_days] for d in decs}}
     (out / "data").mkdir(exist_ok=True)

@@ -103,3 +103,19 @@ def test_h100_full_node_all_reduce_uses_nvls():
     h100 = build_cost_model(load_cluster("dgx-h100"), load_profile("h100-sxm5-80gb-published"), Precision.bf16)
     assert h100.busbw_gbps(K.all_reduce, 16 * GIB, Group(8)) == pytest.approx(480, rel=0.06)  # nccl-tests#212
     assert h100.busbw_gbps(K.all_gather, 16 * GIB, Group(8)) == pytest.approx(362, rel=0.05)  # ring
+
+
+def test_pipeline_sends_share_a_nic_when_two_gpus_sit_behind_it():
+    """Every rank of a stage sends at once: with 4 NICs for 8 GPUs each NIC carries two sends."""
+    from simulator.layout import RankLayout
+
+    eight, four = RankLayout(tp=8, cp=1, dp=1, pp=4, gpus_per_node=8), RankLayout(tp=2, cp=1, dp=1, pp=8, gpus_per_node=8)
+    assert eight.pipeline_boundary(0, 8) == (True, 1)
+    assert eight.pipeline_boundary(0, 4) == (True, 2)
+    # TP 2 stages of 2 GPUs: only the boundaries between nodes leave, both GPUs of the stage through NIC 3
+    assert [four.pipeline_boundary(s, 4) for s in range(8)] == [(False, 1), (False, 1), (False, 1), (True, 2),
+                                                               (False, 1), (False, 1), (False, 1), (True, 2)]
+    one = COST.p2p_time_s(8 * 2**20, inter_node=True)
+    two = COST.p2p_time_s(8 * 2**20, inter_node=True, sharing=2)
+    assert two > one and two - one == pytest.approx(one - COST.p2p_time_s(1, inter_node=True), rel=1e-3)
+    assert COST.p2p_time_s(8 * 2**20, inter_node=False, sharing=2) == COST.p2p_time_s(8 * 2**20, inter_node=False)

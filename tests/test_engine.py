@@ -74,3 +74,16 @@ def test_deterministic():
     b = simulate(build_schedule(8, 24, 3), work, record=True)
     assert a.iteration_time_s == b.iteration_time_s
     assert a.intervals == b.intervals
+
+
+@given(n=st.integers(1, 16), reduce=st.floats(0.01, 5.0), bwd=st.floats(0.1, 5.0))
+def test_bucketed_reduction_overlaps_the_last_backward_but_never_beats_its_last_bucket(n, reduce, bwd):
+    """Buckets are reduced as they fill during the last backward step: the iteration ends no sooner than
+    the last bucket after that step, no later than the whole reduction after it."""
+    p, m = 1, 4
+    stage = StageWork((1.0,), (bwd,), (reduce,), 0.0, grad_buckets=(n,))
+    overlapped = simulate(build_schedule(p, m), PipelineWork((stage,), (0.0,), True)).iteration_time_s
+    after = simulate(build_schedule(p, m), PipelineWork((stage,), (0.0,), False)).iteration_time_s
+    compute = m * (1.0 + bwd)
+    assert compute + reduce / n - 1e-9 <= overlapped <= after + 1e-9
+    assert after == pytest.approx(compute + reduce)
