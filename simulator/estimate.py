@@ -231,6 +231,19 @@ def _step_spans(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes, stage: int
     return fwd, bwd
 
 
+def sequence_parallel_grad_bytes(job: Job, stage: int) -> int:
+    """Gradient bytes Megatron all-reduces over TP after the backward under SP (``_allreduce_layernorm_grads``):
+    the replicated parameters each rank computed on its own sequence shard, the norms' and the
+    row-parallel layers' biases, coalesced into one call per stage."""
+    plan, m = job.plan, job.model
+    if not plan.sequence_parallel or plan.tensor_parallel_size == 1:
+        return 0
+    per_layer = 2 * m.norm_parameters() + (2 * m.hidden_size if m.add_bias_linear else 0)
+    params = job.layers_per_stage[stage] * per_layer + (m.norm_parameters() if stage == plan.pipeline_parallel_size - 1
+                                                        else 0)
+    return params * plan.grad_bytes
+
+
 def build_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes) -> PipelineWork:
     plan = job.plan
     p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
@@ -253,6 +266,9 @@ def build_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes) -> Pipeline
             if tied and ((s == 0 and c == 0) or (s == p - 1 and c == v - 1)):
                 r += cost.collective_time_s(CollectiveKind.all_reduce, embedding_grad_bytes,
                                             Group(size=2, stride=plan.tensor_parallel_size * plan.data_parallel_size * (p - 1)))
+            if c == 0:  # after the stage's last backward (chunk 0's), with the data-parallel step
+                r += cost.collective_time_s(CollectiveKind.all_reduce, sequence_parallel_grad_bytes(job, s),
+                                            Group(size=plan.tensor_parallel_size, stride=1))
             reduce.append(r)
             buckets.append(n)
         stages.append(StageWork(tuple(fwd), tuple(bwd), tuple(reduce),
