@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -163,12 +164,13 @@ def _p2p_times(cost, job: Job) -> tuple[float, ...]:
     if t > 1 and not plan.sequence_parallel:
         gather = cost.op_time_s(Op("pipeline_all_gather", OpKind.collective,
                                    collective=CollectiveOp(CollectiveKind.all_gather, full, t)))
-    layout = RankLayout.of(job)
-    times = []
-    for i in range(p):
-        inter_node, sharing = layout.pipeline_boundary(i, job.cluster.nics_per_node)
-        times.append(cost.p2p_time_s(full // t, inter_node, sharing) + gather)
-    return tuple(times)
+    boundaries = _pipeline_boundaries(RankLayout.of(job), job.cluster.nics_per_node)
+    return tuple(cost.p2p_time_s(full // t, inter_node, sharing) + gather for inter_node, sharing in boundaries)
+
+
+@lru_cache(maxsize=4096)
+def _pipeline_boundaries(layout: RankLayout, nics_per_node: int) -> tuple[tuple[bool, int], ...]:
+    return tuple(layout.pipeline_boundary(i, nics_per_node) for i in range(layout.pp))
 
 
 def grad_buckets(job: Job, params: float) -> int:
@@ -244,36 +246,47 @@ def sequence_parallel_grad_bytes(job: Job, stage: int) -> int:
     return params * plan.grad_bytes
 
 
-def build_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes) -> PipelineWork:
+def _stage_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes, s: int) -> StageWork:
     plan = job.plan
     p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
     grad_kind = CollectiveKind.reduce_scatter if plan.use_distributed_optimizer else CollectiveKind.all_reduce
     tied = not job.model.untie_embeddings_and_output_weights and p > 1
-    embedding_grad_bytes = job.model.vocab_size * job.model.hidden_size // plan.tensor_parallel_size * plan.grad_bytes
+    fwd, bwd, reduce, fwd_wait, bwd_wait, buckets = [], [], [], [], [], []
+    stage_params = stage_parameters(job, s)
+    chunk_params = stage_params / v
+    for c in range(v):
+        f, b = _step_spans(job, cost, lt, ext, s, c)
+        fwd.append(f.cold_s)
+        bwd.append(b.cold_s)
+        fwd_wait.append(f.host_wait_s)
+        bwd_wait.append(b.host_wait_s)
+        nb = grad_buckets(job, chunk_params)
+        r = nb * _dp_time(cost, job, grad_kind, chunk_params * plan.grad_bytes / nb)
+        if tied and ((s == 0 and c == 0) or (s == p - 1 and c == v - 1)):
+            embedding_grad_bytes = job.model.vocab_size * job.model.hidden_size // plan.tensor_parallel_size
+            r += cost.collective_time_s(CollectiveKind.all_reduce, embedding_grad_bytes * plan.grad_bytes,
+                                        Group(size=2, stride=plan.tensor_parallel_size * plan.data_parallel_size * (p - 1)))
+        if c == 0:  # after the stage's last backward (chunk 0's), with the data-parallel step
+            r += cost.collective_time_s(CollectiveKind.all_reduce, sequence_parallel_grad_bytes(job, s),
+                                        Group(size=plan.tensor_parallel_size, stride=1))
+        reduce.append(r)
+        buckets.append(nb)
+    return StageWork(tuple(fwd), tuple(bwd), tuple(reduce), _optimizer_time(cost, job, stage_params, fwd[0]),
+                     tuple(fwd_wait), tuple(bwd_wait), tuple(buckets))
+
+
+def build_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes) -> PipelineWork:
+    plan = job.plan
+    p = plan.pipeline_parallel_size
+    # a stage's work depends only on its layer count and whether it holds the embedding or the loss
+    # (uneven splits aside, the middle stages are one and the same)
+    by_kind: dict[tuple, StageWork] = {}
     stages = []
     for s, n in enumerate(job.layers_per_chunk):
-        fwd, bwd, reduce, fwd_wait, bwd_wait, buckets = [], [], [], [], [], []
-        stage_params = stage_parameters(job, s)
-        chunk_params = stage_params / v
-        for c in range(v):
-            f, b = _step_spans(job, cost, lt, ext, s, c)
-            fwd.append(f.cold_s)
-            bwd.append(b.cold_s)
-            fwd_wait.append(f.host_wait_s)
-            bwd_wait.append(b.host_wait_s)
-            n = grad_buckets(job, chunk_params)
-            r = n * _dp_time(cost, job, grad_kind, chunk_params * plan.grad_bytes / n)
-            if tied and ((s == 0 and c == 0) or (s == p - 1 and c == v - 1)):
-                r += cost.collective_time_s(CollectiveKind.all_reduce, embedding_grad_bytes,
-                                            Group(size=2, stride=plan.tensor_parallel_size * plan.data_parallel_size * (p - 1)))
-            if c == 0:  # after the stage's last backward (chunk 0's), with the data-parallel step
-                r += cost.collective_time_s(CollectiveKind.all_reduce, sequence_parallel_grad_bytes(job, s),
-                                            Group(size=plan.tensor_parallel_size, stride=1))
-            reduce.append(r)
-            buckets.append(n)
-        stages.append(StageWork(tuple(fwd), tuple(bwd), tuple(reduce),
-                                _optimizer_time(cost, job, stage_params, fwd[0]), tuple(fwd_wait), tuple(bwd_wait),
-                                tuple(buckets)))
+        key = (n, s == 0, s == p - 1)
+        if key not in by_kind:
+            by_kind[key] = _stage_work(job, cost, lt, ext, s)
+        stages.append(by_kind[key])
     send = _p2p_times(cost, job) if p > 1 else (0.0,)
     return PipelineWork(tuple(stages), send, plan.overlap_grad_reduce, plan.overlap_p2p_comm)
 
