@@ -1,4 +1,4 @@
-"""Speed benchmarks: `python -m simulator.bench [engine|search|all]`.
+"""Speed benchmarks: `python -m simulator.bench [evaluation|engine|search|all]`.
 
 Speed is a feature of a planner (a search evaluates thousands of plans), so it is measured here,
 not asserted in a timed test. Each figure is the median of several runs on this machine.
@@ -37,6 +37,49 @@ def gpt3_job(pp: int = 16, vpp: int = 2, gbs: int = 1536, gpus: int = 1024) -> J
     return Job(model=load_model("gpt3-175b"), cluster=load_cluster("dgx-a100-80gb"), plan=plan)
 
 
+def clear_caches() -> None:
+    """Forget every memoised graph, cost model, route and schedule: the next evaluation starts cold."""
+    import functools
+    import importlib
+
+    for name in ("layers", "timing", "estimate", "memory", "schedules", "fast_engine", "costs.collectives", "profile"):
+        module = importlib.import_module(f"simulator.{name}")
+        for value in vars(module).values():
+            if isinstance(value, functools._lru_cache_wrapper):
+                value.cache_clear()
+
+
+def bench_evaluation() -> None:
+    """One estimate (work built from the layer graph, then the schedule played) warm and cold, by engine path."""
+    from simulator import fast_engine
+    from simulator.estimate import estimate
+
+    job = gpt3_job()
+    m = job.plan.num_micro_batches
+    print(f"evaluation: GPT-3 175B, 1,024 A100, TP 8 PP 16 DP 8, v=2, {m} micro-batches per pipeline")
+    paths = [("python", False)] + ([("numba", True)] if fast_engine.use_compiled(True) else [])
+    for label, compiled in paths:
+        fast_engine.use_compiled(compiled)
+        estimate(job)
+        warm = _median_s(lambda: estimate(job), 9)
+
+        def cold():
+            clear_caches()
+            estimate(job)
+
+        print(f"  {label:6s}: {warm * 1e3:7.2f} ms warm, {_median_s(cold, 5) * 1e3:7.1f} ms cold")
+    fast_engine.use_compiled(False)
+    print("  cold by job size (same TP/PP, DP grows; global batch 1.5 x GPUs):")
+    for gpus in (1024, 16384, 262144):
+        j = gpt3_job(gpus=gpus, gbs=1536 * gpus // 1024)
+
+        def cold_at(j=j):
+            clear_caches()
+            estimate(j)
+
+        print(f"    {gpus:7,d} GPUs: {_median_s(cold_at, 3) * 1e3:7.1f} ms")
+
+
 def bench_engine() -> None:
     job = gpt3_job()
     cost = cost_model_for(job, None)
@@ -70,13 +113,16 @@ def bench_search() -> None:
     elapsed = time.perf_counter() - t0
     print(f"search: GPT-3 175B on 1,024 A100-80GB, global batch 1,536: {result.enumerated} candidates enumerated, "
           f"{result.pruned_memory} pruned by memory, {len(result.screened)} screened in closed form, "
-          f"{result.simulated} simulated; {elapsed:.2f} s wall ({result.enumerated / elapsed:.0f} plans/s)")
+          f"{result.simulated} simulated; {elapsed:.2f} s wall ({result.enumerated / elapsed:.0f} plans/s "
+          f"enumerated, {len(result.screened) / elapsed:.0f} plans/s screened)")
     best = result.best
     print(f"  best: {best.estimate.iteration_time_s:.2f} s/iteration, MFU {best.estimate.mfu * 100:.1f} %")
 
 
 def main(argv: list[str]) -> None:
     what = argv[0] if argv else "all"
+    if what in ("evaluation", "all"):
+        bench_evaluation()
     if what in ("engine", "all"):
         bench_engine()
     if what in ("search", "all"):

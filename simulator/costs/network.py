@@ -140,7 +140,35 @@ class Network:
         return self._shapes[key]
 
     def _evaluate(self, size: int, stride: int) -> RingShape:
+        """Route the group's rings; a group over more than two nodes is routed as its two-node image.
+
+        In a rail-optimised fat tree whose leaf and spine are non-blocking, every node a ring visits
+        sees the same traffic: each channel enters and leaves it once, on the rails of its members,
+        and the sibling groups that share its nodes do the same. So a group of g members on each
+        of N > 2 nodes gets the bandwidth of the same pattern on two nodes; only its latency
+        depends on N and on whether it crosses scalable units, which is counted directly. The
+        routing cost is then independent of the job's size.
+        """
         assert size > 1 and stride > 0
+        gpn = self.cluster.gpus_per_node
+        if stride % gpn == 0 and (size, stride) != (2, gpn):
+            image = self.ring(2, gpn)  # one member per node, every GPU of the node in a sibling group
+            return RingShape(image.busbw_gbps, image.bottleneck_class, size, 1, self._hops(size, stride))
+        if stride < gpn and gpn % stride == 0 and size * stride > 2 * gpn and (size * stride) % gpn == 0:
+            per_node = gpn // stride
+            image = self.ring(2 * per_node, stride)
+            return RingShape(image.busbw_gbps, image.bottleneck_class, size // per_node, per_node,
+                             self._hops(size, stride))
+        return self._route_all(size, stride)
+
+    def _hops(self, size: int, stride: int) -> int:
+        """IB switches on the longest inter-node hop of the ring: the rail's leaf, or leaf-spine-leaf
+        when the group's nodes span scalable units."""
+        gpn, su = self.cluster.gpus_per_node, self.cluster.fabric.nodes_per_scalable_unit
+        first, last = 0, (size - 1) * stride // gpn
+        return 1 if first // su == last // su else 3
+
+    def _route_all(self, size: int, stride: int) -> RingShape:
         gpn = self.cluster.gpus_per_node
         span = size * stride
         world = -(-span // gpn) * gpn  # whole nodes: sibling groups there run at the same time

@@ -1,0 +1,336 @@
+"""The engine's semantics without the event machinery: the same iteration time, far faster.
+
+The simpy engine (``simulator.engine``) is the reference: it writes traces and timelines. Its
+dynamics are a max-plus recurrence, because every resource is used in an order fixed by the
+schedule: a stage's compute runs its steps in schedule order, and the link a stage sends on
+carries that stage's sends in the same order. So a step starts at the later of its stage being
+free and its input's arrival; a transfer starts at the later of its step's end and its link being
+free. This module evaluates that recurrence directly, stage by stage, advancing each stage while
+its next input is known, with the schedule compiled once into flat integer arrays. The tests
+check it against the simpy engine on random schedules, stage times and transfer times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from simulator.engine import EngineResult, PipelineWork, StageResult
+from simulator.schedules import warmup_forwards
+
+
+@dataclass(frozen=True)
+class CompiledSchedule:
+    """Per stage, per step: forward?, chunk, the arrival slot it waits for (-1: none), the slot its output
+    fills (-1: none), and whether it is its chunk's last backward. A slot is the (phase, micro-batch,
+    receiving stage, receiving chunk) of one activation or gradient, numbered densely."""
+
+    stages: tuple[tuple[tuple[bool, int, int, int, bool], ...], ...]
+    slots: int
+
+
+def _order(k, p: int, v: int, forward: bool):
+    """(micro-batch, chunk) of a stage's k-th forward or backward, as ``schedules`` orders them (arrays)."""
+    if v == 1:
+        return k, np.zeros_like(k)
+    group, in_group = np.divmod(k, p * v)
+    chunk = in_group // p
+    return group * p + in_group % p, (chunk if forward else v - 1 - chunk)
+
+
+@lru_cache(maxsize=64)
+def compile_schedule(p: int, m: int, v: int, kind: str = "1f1b") -> CompiledSchedule:
+    """``schedules.build_schedule``'s steps as flat data, computed from the schedule's formulas (the tests
+    check the two agree step for step)."""
+    total = m * v
+    stages = []
+    for s in range(p):
+        if kind == "gpipe":
+            phases = np.r_[np.ones(m, dtype=bool), np.zeros(m, dtype=bool)]
+            index = np.r_[np.arange(m), np.arange(m)]
+            mb = np.r_[np.arange(m), np.arange(m)[::-1]]
+            chunk = np.zeros(2 * m, dtype=np.int64)
+        else:
+            warm = warmup_forwards(s, p, m, v)
+            phases = np.r_[np.ones(warm, dtype=bool), np.tile([True, False], total - warm),
+                           np.zeros(warm, dtype=bool)]
+            index = np.empty(2 * total, dtype=np.int64)  # k of the k-th forward / backward
+            index[phases] = np.arange(total)
+            index[~phases] = np.arange(total)
+            mb, chunk = np.empty(2 * total, dtype=np.int64), np.empty(2 * total, dtype=np.int64)
+            mb[phases], chunk[phases] = _order(index[phases], p, v, True)
+            mb[~phases], chunk[~phases] = _order(index[~phases], p, v, False)
+        fwd = phases
+        # the input a step waits for is keyed by its own coordinates; the output it sends by its consumer's
+        waits = ~((fwd & (s == 0) & (chunk == 0)) | (~fwd & (s == p - 1) & (chunk == v - 1)))
+        wait_slot = np.where(waits, _slot(~fwd, mb, s, chunk, m, p, v), -1)
+        if s < p - 1:
+            to_stage_f, to_chunk_f, sends_f = s + 1, chunk, np.ones_like(fwd)
+        else:
+            to_stage_f, to_chunk_f, sends_f = 0, chunk + 1, chunk < v - 1
+        if s > 0:
+            to_stage_b, to_chunk_b, sends_b = s - 1, chunk, np.ones_like(fwd)
+        else:
+            to_stage_b, to_chunk_b, sends_b = p - 1, chunk - 1, chunk > 0
+        fill = np.where(fwd, np.where(sends_f, _slot(False, mb, to_stage_f, to_chunk_f, m, p, v), -1),
+                        np.where(sends_b, _slot(True, mb, to_stage_b, to_chunk_b, m, p, v), -1))
+        last = np.zeros_like(fwd)
+        for c in range(v):
+            where = np.flatnonzero(~fwd & (chunk == c))
+            if where.size:
+                last[where[-1]] = True
+        stages.append(tuple(zip(fwd.tolist(), chunk.tolist(), wait_slot.tolist(), fill.tolist(), last.tolist())))
+    return CompiledSchedule(tuple(stages), 2 * m * p * v)
+
+
+def _slot(backward, mb, stage, chunk, m: int, p: int, v: int):
+    return ((np.asarray(backward, dtype=np.int64) * m + mb) * p + stage) * v + chunk
+
+
+def evaluate(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> EngineResult:
+    """The iteration ``simulator.engine.simulate`` would play for this schedule and work (no intervals)."""
+    compiled = compile_schedule(p, m, v, kind)
+    n = compiled.slots
+    arrive_end = [0.0] * n
+    arrive_start = [0.0] * n
+    arrive_dur = [0.0] * n
+    known = [False] * n
+    now = [0.0] * p
+    ptr = [0] * p
+    busy, wait, transfer_wait, last_bwd_end = [0.0] * p, [0.0] * p, [0.0] * p, [0.0] * p
+    grads_done = [0.0] * p
+    dp_free = [0.0] * p
+    link_free = [[0.0, 0.0] for _ in range(p)]  # per stage: forward link, backward link
+    send = work.send_s
+    blocking = not work.overlap_p2p
+    overlap = work.overlap_grad_reduce
+    durations = [(sw.forward_s, sw.backward_s) for sw in work.stages]
+    results = [StageResult() for _ in range(p)]
+
+    def reduce(s: int, chunk: int, ready_from: float, ready_to: float) -> float:
+        sw = work.stages[s]
+        nb = sw.grad_buckets[chunk] if sw.grad_buckets else 1
+        each = sw.grad_reduce_s[chunk] / nb
+        free = dp_free[s]
+        for j in range(nb):
+            start = max(ready_from + (ready_to - ready_from) * (j + 1) / nb, free)
+            free = start + each
+        dp_free[s] = free
+        return free
+
+    remaining = p
+    while remaining:
+        progressed = False
+        for s in range(p):
+            steps = compiled.stages[s]
+            i, count = ptr[s], len(steps)
+            if i >= count:
+                continue
+            fwd_d, bwd_d = durations[s]
+            send_f, send_b = send[s], send[(s - 1) % p]
+            link = link_free[s]
+            t, b_s, w_s, tw_s, lb = now[s], busy[s], wait[s], transfer_wait[s], last_bwd_end[s]
+            while i < count:
+                forward, chunk, wait_slot, fill_slot, last_bwd = steps[i]
+                if wait_slot >= 0:
+                    if not known[wait_slot]:
+                        break
+                    end = arrive_end[wait_slot]
+                    if end > t:
+                        w_s += end - t
+                        tw_s += min(end - t, end - max(arrive_start[wait_slot], t), arrive_dur[wait_slot])
+                        t = end
+                duration = fwd_d[chunk] if forward else bwd_d[chunk]
+                start = t
+                t = start + duration
+                b_s += duration
+                if fill_slot >= 0:
+                    li, dur = (0, send_f) if forward else (1, send_b)
+                    begin = link[li]
+                    if t > begin:
+                        begin = t
+                    done = begin + dur
+                    link[li] = done
+                    arrive_start[fill_slot], arrive_dur[fill_slot], arrive_end[fill_slot] = begin, dur, done
+                    known[fill_slot] = True
+                    if blocking:
+                        w_s += done - t
+                        tw_s += done - t
+                        t = done
+                if not forward:
+                    lb = t
+                    if overlap and last_bwd:
+                        grads_done[s] = max(grads_done[s], reduce(s, chunk, start, start + duration))
+                i += 1
+            progressed = progressed or i != ptr[s]
+            ptr[s], now[s], busy[s], wait[s], transfer_wait[s], last_bwd_end[s] = i, t, b_s, w_s, tw_s, lb
+            if i == count:
+                remaining -= 1
+                sw, res = work.stages[s], results[s]
+                if not overlap:
+                    for c in range(len(sw.grad_reduce_s)):
+                        grads_done[s] = max(grads_done[s], reduce(s, c, t, t))
+                res.busy_s, res.wait_s, res.transfer_wait_s, res.last_backward_end_s = b_s, w_s, tw_s, lb
+                res.grads_ready_s = t + (grads_done[s] - t) if grads_done[s] > t else t
+                res.optimizer_s = sw.optimizer_s
+        assert progressed, "the schedule deadlocked: a stage never finished its steps"
+    ready = max(r.grads_ready_s for r in results)
+    return EngineResult(ready + max(r.optimizer_s for r in results), results, [])
+
+
+# --- the same recurrence compiled with numba, when it is installed (the `fast` extra) ------------
+
+# Importing and loading numba costs about half a second, more than a hundred evaluations in
+# Python; it pays off for long schedules and for runs of many evaluations (sweeps, the bench),
+# which switch it on. Both paths give the same result to the last bit.
+COMPILED_ABOVE_STEPS = 200_000
+_use_compiled: bool | None = None
+
+
+def use_compiled(on: bool = True) -> bool:
+    """Evaluate through numba from now on (if it is installed); returns whether it is."""
+    global _use_compiled
+    if on:
+        try:
+            import numba  # noqa: F401
+        except ImportError:
+            on = False
+    _use_compiled = on
+    return on
+
+
+def run(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> EngineResult:
+    """The iteration time of ``work`` under the schedule, by the fastest path at hand."""
+    steps = 2 * p * m * v
+    if _use_compiled is None and steps > COMPILED_ABOVE_STEPS:
+        use_compiled(True)
+    if _use_compiled:
+        return evaluate_compiled(p, m, v, work, kind)
+    return evaluate(p, m, v, work, kind)
+
+@lru_cache(maxsize=64)
+def _arrays(p: int, m: int, v: int, kind: str):
+    import numpy as np
+
+    compiled = compile_schedule(p, m, v, kind)
+    rows = [step for stage in compiled.stages for step in stage]
+    offsets = np.zeros(p + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(stage) for stage in compiled.stages])
+    table = np.array([(int(f), c, w, fill, int(lb)) for f, c, w, fill, lb in rows], dtype=np.int64).reshape(-1, 5)
+    return offsets, table, compiled.slots
+
+
+def _numba_kernel():
+    import numba
+    import numpy as np
+
+    @numba.njit(cache=True, nogil=True)
+    def run(offsets, table, slots, fwd_d, bwd_d, send, reduce_s, buckets, optimizer, blocking, overlap):
+        p = offsets.shape[0] - 1
+        arrive_end = np.zeros(slots)
+        arrive_start = np.zeros(slots)
+        arrive_dur = np.zeros(slots)
+        known = np.zeros(slots, dtype=np.bool_)
+        out = np.zeros((p, 6))  # busy, wait, transfer_wait, last_backward_end, grads_ready, optimizer
+        now = np.zeros(p)
+        ptr = offsets[:-1].copy()
+        grads_done = np.zeros(p)
+        dp_free = np.zeros(p)
+        link = np.zeros((p, 2))
+        remaining = p
+        while remaining > 0:
+            progressed = False
+            for s in range(p):
+                i, stop = ptr[s], offsets[s + 1]
+                if i >= stop:
+                    continue
+                t = now[s]
+                first = i
+                while i < stop:
+                    forward, chunk, wait_slot, fill_slot, last_bwd = table[i, 0], table[i, 1], table[i, 2], table[i, 3], table[i, 4]
+                    if wait_slot >= 0:
+                        if not known[wait_slot]:
+                            break
+                        end = arrive_end[wait_slot]
+                        if end > t:
+                            out[s, 1] += end - t
+                            out[s, 2] += min(end - t, end - max(arrive_start[wait_slot], t), arrive_dur[wait_slot])
+                            t = end
+                    duration = fwd_d[s, chunk] if forward else bwd_d[s, chunk]
+                    start = t
+                    t = start + duration
+                    out[s, 0] += duration
+                    if fill_slot >= 0:
+                        li = 0 if forward else 1
+                        dur = send[s] if forward else send[(s - 1) % p]
+                        begin = link[s, li]
+                        if t > begin:
+                            begin = t
+                        done = begin + dur
+                        link[s, li] = done
+                        arrive_start[fill_slot] = begin
+                        arrive_dur[fill_slot] = dur
+                        arrive_end[fill_slot] = done
+                        known[fill_slot] = True
+                        if blocking:
+                            out[s, 1] += done - t
+                            out[s, 2] += done - t
+                            t = done
+                    if not forward:
+                        out[s, 3] = t
+                        if overlap and last_bwd:
+                            nb = buckets[s, chunk]
+                            each = reduce_s[s, chunk] / nb
+                            free = dp_free[s]
+                            for j in range(nb):
+                                b0 = start + (start + duration - start) * (j + 1) / nb
+                                free = max(b0, free) + each
+                            dp_free[s] = free
+                            grads_done[s] = max(grads_done[s], free)
+                    i += 1
+                if i != first:
+                    progressed = True
+                ptr[s] = i
+                now[s] = t
+                if i == stop:
+                    remaining -= 1
+                    if not overlap:
+                        for c in range(reduce_s.shape[1]):
+                            nb = buckets[s, c]
+                            each = reduce_s[s, c] / nb
+                            free = dp_free[s]
+                            for j in range(nb):
+                                free = max(t + (t - t) * (j + 1) / nb, free) + each
+                            dp_free[s] = free
+                            grads_done[s] = max(grads_done[s], free)
+                    out[s, 4] = t + (grads_done[s] - t) if grads_done[s] > t else t
+                    out[s, 5] = optimizer[s]
+            if not progressed:
+                return -1.0, out
+        return out[:, 4].max() + out[:, 5].max(), out
+
+    return run
+
+
+_KERNEL = None
+
+
+def evaluate_compiled(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> EngineResult:
+    """``evaluate`` through numba; raises ImportError where numba is not installed."""
+    global _KERNEL
+    import numpy as np
+
+    if _KERNEL is None:
+        _KERNEL = _numba_kernel()
+    offsets, table, slots = _arrays(p, m, v, kind)
+    stages = work.stages
+    total, out = _KERNEL(offsets, table, slots, np.array([s.forward_s for s in stages]),
+                         np.array([s.backward_s for s in stages]), np.array(work.send_s, dtype=float),
+                         np.array([s.grad_reduce_s for s in stages]),
+                         np.array([s.grad_buckets if s.grad_buckets else (1,) * v for s in stages], dtype=np.int64),
+                         np.array([s.optimizer_s for s in stages]), not work.overlap_p2p, work.overlap_grad_reduce)
+    assert total >= 0, "the schedule deadlocked: a stage never finished its steps"
+    results = [StageResult(*map(float, row)) for row in out]
+    return EngineResult(float(total), results, [])
