@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simulator.layers import embedding_extras, output_extras, transformer_layer
+from simulator.layers import LayerKey, _embedding_extras, _output_extras, layer_graph
 from simulator.model import ModelSpec, PositionEmbedding
 from simulator.plan import (
     Job,
@@ -202,17 +202,21 @@ def _state_bytes(parameters: int, plan: ParallelPlan) -> tuple[int, int, int]:
 # --- activations ---------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=4096)
 def _layer_saved_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int, int]:
     """Bytes one layer saves for one micro-batch: (no recompute, selective, full = its input)."""
-    graph = transformer_layer(model, plan)
-    return tuple(graph.activation_bytes(g) for g in RecomputeGranularity)  # type: ignore[return-value]
+    return _saved_bytes(model, LayerKey.of(plan))[0]
+
+
+def _extras_saved_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
+    """Bytes the first stage's embedding and the last stage's output layer save for one micro-batch."""
+    return _saved_bytes(model, LayerKey.of(plan))[1]
 
 
 @lru_cache(maxsize=4096)
-def _extras_saved_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
-    """Bytes the first stage's embedding and the last stage's output layer save for one micro-batch."""
-    return embedding_extras(model, plan).activation_bytes(), output_extras(model, plan).activation_bytes()
+def _saved_bytes(model: ModelSpec, key: LayerKey) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    graph = layer_graph(model, key)
+    layer = tuple(graph.activation_bytes(g) for g in RecomputeGranularity)
+    return layer, (_embedding_extras(model, key).activation_bytes(), _output_extras(model, key).activation_bytes())
 
 
 def chunk_activations(job: Job, layers: int) -> tuple[int, int]:
@@ -245,6 +249,15 @@ def _reserve(activations: int, transient: int) -> int:
 
 def stage_memory(job: Job, stage: int) -> StageMemory:
     """The memory of one GPU of ``stage`` (see ``memory_plan``)."""
+    return StageMemory(**_stage_bytes(job, stage), fits=stage_peak_bytes(job, stage) <= job.cluster.gpu.memory_bytes)
+
+
+def stage_peak_bytes(job: Job, stage: int) -> int:
+    """``stage_memory(job, stage).peak_bytes`` without building the model (the search prunes thousands)."""
+    return _stage_bytes(job, stage)["peak_bytes"]
+
+
+def _stage_bytes(job: Job, stage: int) -> dict[str, int]:
     plan = job.plan
     p, m, v = plan.pipeline_parallel_size, plan.num_micro_batches, plan.virtual_pipeline_stages
     gpipe = plan.schedule is PipelineSchedule.gpipe
@@ -263,21 +276,10 @@ def stage_memory(job: Job, stage: int) -> StageMemory:
 
     reserve = _reserve(activations, transient)
     peak = weights + gradients + optimizer + activations + transient + reserve
-    return StageMemory(
-        stage=stage,
-        num_layers=job.layers_per_stage[stage],
-        parameters=params,
-        weights_bytes=weights,
-        gradients_bytes=gradients,
-        optimizer_bytes=optimizer,
-        activations_bytes=activations,
-        extra_activations_bytes=extras,
-        in_flight=chunks,
-        transient_bytes=transient,
-        reserve_bytes=reserve,
-        peak_bytes=peak,
-        fits=peak <= job.cluster.gpu.memory_bytes,
-    )
+    return dict(stage=stage, num_layers=job.layers_per_stage[stage], parameters=params, weights_bytes=weights,
+                gradients_bytes=gradients, optimizer_bytes=optimizer, activations_bytes=activations,
+                extra_activations_bytes=extras, in_flight=chunks, transient_bytes=transient, reserve_bytes=reserve,
+                peak_bytes=peak)
 
 
 def memory_plan(job: Job) -> MemoryPlan:

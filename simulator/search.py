@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from simulator.errors import InfeasiblePlanError
 from simulator.estimate import Estimate, simulate_job
 from simulator.hardware import ClusterSpec
-from simulator.memory import stage_memory
+from simulator.memory import stage_peak_bytes
 from simulator.model import ModelSpec
 from simulator.plan import (
     Job,
@@ -167,7 +167,7 @@ def peak_bytes(job: Job) -> int:
     """The plan's per-GPU peak: the first stage holds the most in-flight activations and the
     embedding, the last the output layer and logits; every middle stage is bounded by the first."""
     stages = {0, job.plan.pipeline_parallel_size - 1}
-    return max(stage_memory(job, s).peak_bytes for s in stages)
+    return max(stage_peak_bytes(job, s) for s in stages)
 
 
 @dataclass
