@@ -1,4 +1,4 @@
-"""Speed benchmarks: `python -m simulator.bench [evaluation|engine|search|all]`.
+"""Speed benchmarks: `python -m simulator.bench [evaluation|engine|search|sweep|all]`.
 
 Speed is a feature of a planner (a search evaluates thousands of plans), so it is measured here,
 not asserted in a timed test. Each figure is the median of several runs on this machine.
@@ -119,6 +119,30 @@ def bench_search() -> None:
     print(f"  best: {best.estimate.iteration_time_s:.2f} s/iteration, MFU {best.estimate.mfu * 100:.1f} %")
 
 
+def bench_sweep() -> None:
+    """A 50-point sweep on local processes and on a local Ray cluster: wall time and whether the rows agree."""
+    import tempfile
+    from pathlib import Path
+
+    from simulator.sweep import SweepSpec, run_sweep
+
+    spec = SweepSpec(models=("gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b"),
+                     gpus=(8, 16, 32, 64, 128), global_batch_sizes=(128, 256), tokens=1e10)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        local = run_sweep(spec, Path(tmp) / "local")
+        t_local = time.perf_counter() - t0
+        line = f"sweep: {len(local)} points on local processes in {t_local:.1f} s"
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            print(line + "; Ray not installed")
+            return
+        t0 = time.perf_counter()
+        on_ray = run_sweep(spec, Path(tmp) / "ray", ray_address="local")
+        print(line + f", on local Ray in {time.perf_counter() - t0:.1f} s; rows equal: {on_ray == local}")
+
+
 def main(argv: list[str]) -> None:
     what = argv[0] if argv else "all"
     if what in ("evaluation", "all"):
@@ -127,6 +151,8 @@ def main(argv: list[str]) -> None:
         bench_engine()
     if what in ("search", "all"):
         bench_search()
+    if what in ("sweep", "all"):
+        bench_sweep()
 
 
 if __name__ == "__main__":

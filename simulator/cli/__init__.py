@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "calibrate": "simulator.cli.calibrate_cmd:calibrate_command",
     "models": "simulator.cli.models_cmd:models_command",
     "clusters": "simulator.cli.clusters_cmd:clusters_command",
+    "sweep": "simulator.cli.sweep_cmd:sweep_command",
 }
 
 USAGE_EXIT_CODE = 2
