@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
               "activation bytes pred. / measured |", "|---|---|---|---|---|---|---|"]
     for label, plan in PLANS.items():
         job = job_from_options(model=str(MODEL), cluster="local-cpu", precision="fp32", allow_tp_across_nodes=True,
+                               attention_backend="unfused",
                                **plan)
         record_path = args.out / f"run-{label.lower().replace(' ', '').replace(',', '-').replace('+', '')}.json"
         record = run_reference(job, device="cpu", iterations=args.iterations, out=record_path)

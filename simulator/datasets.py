@@ -22,7 +22,7 @@ from typing import Callable
 
 from simulator.hardware import load_cluster
 from simulator.model import ModelSpec
-from simulator.plan import Job, ParallelPlan, Precision, RecomputeGranularity, RecomputePolicy
+from simulator.plan import AttentionBackend, Job, ParallelPlan, Precision, RecomputeGranularity, RecomputePolicy
 
 
 class Role(str, Enum):
@@ -145,7 +145,8 @@ def vtrain_job(gpus: int, global_batch: int, micro_batch: int, hidden: int, head
                       num_attention_heads=heads, vocab_size=-(-GPT2_VOCAB // multiple) * multiple, seq_length=seq)
     plan = ParallelPlan(tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=dp,
                         micro_batch_size=micro_batch, global_batch_size=global_batch, precision=Precision.fp16,
-                        recompute=RecomputePolicy(granularity=RecomputeGranularity.full))
+                        recompute=RecomputePolicy(granularity=RecomputeGranularity.full),
+                        attention_backend=AttentionBackend.unfused)
     return Job(model=model, cluster=load_cluster(VTRAIN_CLUSTER), plan=plan)
 
 

@@ -19,7 +19,7 @@ from simulator.engine import EngineResult, PipelineWork, StageWork, simulate
 from simulator.layers import CollectiveKind, CollectiveOp, Op, OpKind
 from simulator.layout import RankLayout
 from simulator.memory import MemoryPlan, memory_plan, stage_parameters
-from simulator.plan import Job, RecomputeGranularity, RecomputeMethod
+from simulator.plan import DataParallelSharding, Job, RecomputeGranularity, RecomputeMethod
 from simulator.schedules import build_schedule
 from simulator.timing import (
     LayerTimes,
@@ -129,9 +129,9 @@ def recompute_flops_per_iteration(job: Job) -> float:
     if per_rank == 0:
         return 0.0
     plan = job.plan
-    layers = sum(_recomputed_layers(job, n) for n in job.layers_per_chunk) * plan.virtual_pipeline_stages
+    layers = sum(_recomputed_layers(job, n) for stage in job.chunk_layers for n in stage)
     micro_batches = plan.global_batch_size // plan.micro_batch_size
-    return per_rank * plan.tensor_parallel_size * layers * micro_batches
+    return per_rank * plan.tensor_parallel_size * plan.context_parallel_size * layers * micro_batches
 
 
 def _recomputed_layers(job: Job, chunk_layers: int) -> int:
@@ -144,7 +144,8 @@ def _recomputed_layers(job: Job, chunk_layers: int) -> int:
 
 
 def _dp_time(cost, job: Job, kind: CollectiveKind, nbytes: float) -> float:
-    d = job.plan.data_parallel_size
+    """A collective over the ranks that hold the same parameters (DP x CP, TP ranks apart)."""
+    d = job.plan.gradient_group_size
     if d == 1 or nbytes <= 0:
         return 0.0
     return cost.collective_time_s(kind, int(nbytes), Group(size=d, stride=job.plan.tensor_parallel_size))
@@ -161,6 +162,7 @@ def _p2p_times(cost, job: Job) -> tuple[float, ...]:
     m, plan = job.model, job.plan
     t, p = plan.tensor_parallel_size, plan.pipeline_parallel_size
     full = m.seq_length * plan.micro_batch_size * m.hidden_size * plan.precision.activation_bytes
+    full //= plan.context_parallel_size  # each CP rank sends its own tokens
     gather = 0.0
     if t > 1 and not plan.sequence_parallel:
         gather = cost.op_time_s(Op("pipeline_all_gather", OpKind.collective,
@@ -180,7 +182,7 @@ def grad_buckets(job: Job, params: float) -> int:
     plan = job.plan
     if not plan.overlap_grad_reduce or params <= 0:
         return 1
-    size = plan.ddp_bucket_size or max(40_000_000, 1_000_000 * plan.data_parallel_size)
+    size = plan.ddp_bucket_size or max(40_000_000, 1_000_000 * plan.gradient_group_size)
     return max(1, math.ceil(params / size))
 
 
@@ -189,10 +191,9 @@ def _optimizer_time(cost, job: Job, params: int, first_forward_s: float) -> floa
     parameters, which ``overlap_param_gather`` issues bucket by bucket during the next forward: only
     the first bucket, and what the forward step cannot cover, stays exposed."""
     plan = job.plan
-    d = plan.data_parallel_size
-    shard = params / d if plan.use_distributed_optimizer else params
+    shard = params / plan.gradient_group_size if plan.shards_optimizer else params
     step = cost.op_time_s(Op("optimizer", OpKind.elementwise, bytes_moved=shard * OPTIMIZER_BYTES_PER_PARAM))
-    if plan.use_distributed_optimizer:
+    if plan.shards_optimizer and plan.sharding is not DataParallelSharding.optim_grads_params:
         n = grad_buckets(job, params) if plan.overlap_param_gather else 1
         bucket = _dp_time(cost, job, CollectiveKind.all_gather, params * plan.precision.activation_bytes / n)
         step += bucket + (max(0.0, (n - 1) * bucket - first_forward_s) if plan.overlap_param_gather else 0.0)
@@ -211,7 +212,7 @@ def _step_spans(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes, stage: int
     """
     plan, host = job.plan, cost.host
     p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
-    n = job.layers_per_chunk[stage]
+    n = job.chunk_layers[stage][chunk]
     rec = _recomputed_layers(job, n)
     asynchronous = cost.asynchronous
     nothing = Span(0.0, 0.0, 0.0, asynchronous)
@@ -250,23 +251,35 @@ def sequence_parallel_grad_bytes(job: Job, stage: int) -> int:
 def _stage_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes, s: int) -> StageWork:
     plan = job.plan
     p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
-    grad_kind = CollectiveKind.reduce_scatter if plan.use_distributed_optimizer else CollectiveKind.all_reduce
+    grad_kind = CollectiveKind.reduce_scatter if plan.shards_optimizer else CollectiveKind.all_reduce
     tied = not job.model.untie_embeddings_and_output_weights and p > 1
     fwd, bwd, reduce, fwd_wait, bwd_wait, buckets = [], [], [], [], [], []
     stage_params = stage_parameters(job, s)
     chunk_params = stage_params / v
+    fsdp = plan.sharding is DataParallelSharding.optim_grads_params
     for c in range(v):
         f, b = _step_spans(job, cost, lt, ext, s, c)
-        fwd.append(f.cold_s)
-        bwd.append(b.cold_s)
+        fwd_s, bwd_s = f.cold_s, b.cold_s
+        nb = grad_buckets(job, chunk_params)
+        if fsdp:
+            # Megatron-FSDP gathers each bucket of parameters before it is used, forward and again backward,
+            # prefetching the next while one computes, and reduce-scatters each micro-batch's gradients: the
+            # first bucket and what compute cannot cover stay exposed
+            nb = max(nb, math.ceil(chunk_params / max(40_000_000, 1_000_000 * plan.gradient_group_size)))
+            gather = nb * _dp_time(cost, job, CollectiveKind.all_gather,
+                                   chunk_params * plan.precision.activation_bytes / nb)
+            scatter = nb * _dp_time(cost, job, CollectiveKind.reduce_scatter, chunk_params * plan.grad_bytes / nb)
+            fwd_s += max(gather / nb, gather - fwd_s)
+            bwd_s += max(gather / nb, gather + scatter - bwd_s)
+        fwd.append(fwd_s)
+        bwd.append(bwd_s)
         fwd_wait.append(f.host_wait_s)
         bwd_wait.append(b.host_wait_s)
-        nb = grad_buckets(job, chunk_params)
-        r = nb * _dp_time(cost, job, grad_kind, chunk_params * plan.grad_bytes / nb)
+        r = 0.0 if fsdp else nb * _dp_time(cost, job, grad_kind, chunk_params * plan.grad_bytes / nb)
         if tied and ((s == 0 and c == 0) or (s == p - 1 and c == v - 1)):
             embedding_grad_bytes = job.model.vocab_size * job.model.hidden_size // plan.tensor_parallel_size
             r += cost.collective_time_s(CollectiveKind.all_reduce, embedding_grad_bytes * plan.grad_bytes,
-                                        Group(size=2, stride=plan.tensor_parallel_size * plan.data_parallel_size * (p - 1)))
+                                        Group(size=2, stride=plan.num_gpus // p * (p - 1)))
         if c == 0:  # after the stage's last backward (chunk 0's), with the data-parallel step
             r += cost.collective_time_s(CollectiveKind.all_reduce, sequence_parallel_grad_bytes(job, s),
                                         Group(size=plan.tensor_parallel_size, stride=1))
@@ -283,8 +296,8 @@ def build_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes) -> Pipeline
     # (uneven splits aside, the middle stages are one and the same)
     by_kind: dict[tuple, StageWork] = {}
     stages = []
-    for s, n in enumerate(job.layers_per_chunk):
-        key = (n, s == 0, s == p - 1)
+    for s, chunks in enumerate(job.chunk_layers):
+        key = (chunks, s == 0, s == p - 1)
         if key not in by_kind:
             by_kind[key] = _stage_work(job, cost, lt, ext, s)
         stages.append(by_kind[key])
@@ -323,9 +336,10 @@ def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
     ready = [r.grads_ready_s for r in result.stages]
     crit = max(range(p), key=lambda s: (ready[s], -s))
     r = result.stages[crit]
-    n = job.layers_per_chunk[crit]
-    rec = _recomputed_layers(job, n)
-    compute = m * v * (n * lt.forward.compute_s + rec * lt.backward.compute_s + (n - rec) * lt.backward_only.compute_s)
+    compute = 0.0
+    for n in job.chunk_layers[crit]:
+        rec = _recomputed_layers(job, n)
+        compute += m * (n * lt.forward.compute_s + rec * lt.backward.compute_s + (n - rec) * lt.backward_only.compute_s)
     if crit == 0:
         compute += m * (ext.embedding_forward.compute_s + ext.embedding_backward.compute_s)
     if crit == p - 1:
@@ -333,9 +347,12 @@ def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
     compute = min(compute, r.busy_s)
     sw = work.stages[crit]
     host_wait = min(m * (sum(sw.forward_host_wait_s) + sum(sw.backward_host_wait_s)), r.busy_s - compute)
+    exposed = r.busy_s - compute - host_wait
+    if abs(exposed) <= 1e-9 * T:  # nothing but rounding left between the parts
+        exposed = 0.0
     breakdown = Breakdown(
         compute_s=compute,
-        tp_communication_s=r.busy_s - compute - host_wait,
+        tp_communication_s=exposed,
         pipeline_bubble_s=r.wait_s - r.transfer_wait_s + (max(ready) - ready[crit]),
         pipeline_transfer_s=r.transfer_wait_s,
         data_parallel_s=ready[crit] - r.last_backward_end_s,

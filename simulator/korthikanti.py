@@ -14,9 +14,12 @@ from importlib import resources
 
 from simulator.hardware import load_cluster
 from simulator.model import PRESETS, ModelSpec
-from simulator.plan import Job, ParallelPlan, RecomputeGranularity, RecomputePolicy
+from simulator.plan import AttentionBackend, Job, ParallelPlan, RecomputeGranularity, RecomputePolicy
 
 CLUSTER = "dgx-a100-80gb"  # Selene: DGX A100 80GB, 8 HDR NICs per node (paper Section 6)
+# The paper's Megatron (2022) computed attention with its own kernels (QK^T, fused softmax, dropout, the product
+# with V), before flash attention: its memory formulas count the s x s scores those keep
+ATTENTION = AttentionBackend.unfused
 MODELS = {22: "megatron-22b", 175: "gpt3-175b", 530: "mt-nlg-530b", 1000: "megatron-1t"}
 
 # Table 4 (22B, one layer, 8 GPUs, micro-batch 4): forward / backward ms.
@@ -64,6 +67,7 @@ def table5_job(row: dict, data_parallel_size: int = 1) -> Job:
         micro_batch_size=par["micro_batch"],
         global_batch_size=par["global_batch"] * data_parallel_size,
         recompute=RecomputePolicy(granularity=par["recompute"]),
+        attention_backend=ATTENTION,
     )
     return Job(model=model_of(row["model"]["params_b"]), cluster=load_cluster(CLUSTER), plan=plan)
 
@@ -150,7 +154,8 @@ def _data_parallel_runs(profile=None) -> tuple:
 
 def table4_job(sequence_parallel: bool, granularity: RecomputeGranularity) -> Job:
     plan = ParallelPlan(tensor_parallel_size=8, sequence_parallel=sequence_parallel, micro_batch_size=4,
-                        global_batch_size=4, recompute=RecomputePolicy(granularity=granularity))
+                        global_batch_size=4, recompute=RecomputePolicy(granularity=granularity),
+                        attention_backend=ATTENTION)
     return Job(model=PRESETS["megatron-22b"], cluster=load_cluster(CLUSTER), plan=plan)
 
 
@@ -213,7 +218,8 @@ def figure8_layer_job(name: str, sequence_parallel: bool, granularity: str) -> J
     """One layer of a Korthikanti model at its Table 3 micro-batch (4 for 22B, else 1), TP 8."""
     b = 4 if name == "megatron-22b" else 1
     plan = ParallelPlan(tensor_parallel_size=8, sequence_parallel=sequence_parallel, micro_batch_size=b,
-                        global_batch_size=b, recompute=RecomputePolicy(granularity=granularity))
+                        global_batch_size=b, recompute=RecomputePolicy(granularity=granularity),
+                        attention_backend=ATTENTION)
     return Job(model=PRESETS[name], cluster=load_cluster(CLUSTER), plan=plan)
 
 

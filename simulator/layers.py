@@ -20,6 +20,7 @@ from simulator.model import ModelSpec, PositionEmbedding
 from simulator.modules import (
     Activation,
     ColumnParallelLinear,
+    ContextParallelAttention,
     CoreAttention,
     Dims,
     DropoutAdd,
@@ -49,7 +50,7 @@ from simulator.ops import (  # noqa: F401 - the layer graph's vocabulary, re-exp
     kernel_class,
     ordered_ops,
 )
-from simulator.plan import ParallelPlan, Precision, RecomputeGranularity
+from simulator.plan import CpCommType, ParallelPlan, Precision, RecomputeGranularity
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,14 @@ class LayerKey:
     fp8: bool = False  # the four linear layers' GEMMs in FP8
     grad_bytes: int = 4  # element size of main_grad, which weight gradients accumulate into
     tp_comm_overlap: bool = False
+    context_parallel_size: int = 1
+    cp_comm_type: CpCommType = CpCommType.p2p
 
     @staticmethod
     def of(plan: ParallelPlan) -> "LayerKey":
         return LayerKey(plan.tensor_parallel_size, plan.sequence_parallel, plan.micro_batch_size, plan.precision,
                         plan.use_flash_attention, plan.recompute.granularity, plan.fp8_format is not None,
-                        plan.grad_bytes, plan.tp_comm_overlap)
+                        plan.grad_bytes, plan.tp_comm_overlap, plan.context_parallel_size, plan.cp_comm_type)
 
 
 def _dims(model: ModelSpec, plan: LayerKey) -> Dims:
@@ -90,6 +93,7 @@ def _dims(model: ModelSpec, plan: LayerKey) -> Dims:
         mlp_in=2 * f if model.swiglu else f,
         gb=plan.grad_bytes,
         tp_overlap=plan.tp_comm_overlap,
+        cp=plan.context_parallel_size,
     )
 
 
@@ -164,7 +168,9 @@ def layer_modules(model: ModelSpec, plan: LayerKey, dm: Dims) -> list[Module]:
     bias, fp8 = model.add_bias_linear, plan.fp8  # FP8 runs the four linear layers; attention stays in bf16
     q = dm.a * dm.d
     attention: Module
-    if plan.use_flash_attention:
+    if dm.cp > 1:
+        attention = ContextParallelAttention(dm, plan.cp_comm_type.value)
+    elif plan.use_flash_attention:
         attention = FlashAttention(dm)
     else:
         attention = CoreAttention(dm, _softmax_steps(dm, plan.precision), model.attention_dropout)

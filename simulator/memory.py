@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from simulator.layers import LayerKey, _embedding_extras, _output_extras, layer_graph
 from simulator.model import ModelSpec, PositionEmbedding
 from simulator.plan import (
+    DataParallelSharding,
     Job,
     ParallelPlan,
     PipelineSchedule,
@@ -57,7 +58,8 @@ class StageMemory(BaseModel):
         ge=0, description="Of activations_bytes: embedding dropout (first stage), final norm/output/logits (last)."
     )
     in_flight: int = Field(ge=0, description="Micro-batch chunks whose activations the stage holds at its peak.")
-    transient_bytes: int = Field(ge=0, description="Short-lived working set: one recomputed group during backward.")
+    transient_bytes: int = Field(ge=0, description="Short-lived working set: one recomputed group during backward, and "
+                                                   "under sharded data parallelism the full-size buckets it gathers.")
     reserve_bytes: int = Field(ge=0, description="CUDA context, NCCL/cuBLAS workspaces, allocator fragmentation.")
     peak_bytes: int = Field(ge=0, description="Sum of all of the above.")
     fits: bool = Field(description="peak_bytes <= the GPU's memory.")
@@ -188,15 +190,33 @@ def _state_bytes(parameters: int, plan: ParallelPlan) -> tuple[int, int, int]:
     (fp32 master copy, Adam m and v) = 18 bytes per parameter; the distributed optimizer shards the
     12 bytes over DP (Megatron's 6 + 12/d). Under fp16 Megatron keeps the gradient buffer in fp16
     unless told to accumulate in fp32 (``ParallelPlan.grad_bytes``). fp32: 4 + 4 + 8 (no master copy).
+    Sharded data parallelism shards over the DP x CP ranks: the optimizer state (optim), and the
+    gradients (optim_grads), and the weights (optim_grads_params).
     """
     if plan.precision is Precision.fp32:
         weight, grad, state = 4, 4, 8
     else:
         weight, grad, state = 2, plan.grad_bytes, 12
-    optimizer = parameters * state
-    if plan.use_distributed_optimizer:
-        optimizer = -(-optimizer // plan.data_parallel_size)
-    return parameters * weight, parameters * grad, optimizer
+    weights, grads, optimizer = parameters * weight, parameters * grad, parameters * state
+    d, level = plan.gradient_group_size, plan.sharding
+    if level is not DataParallelSharding.no_shard:
+        optimizer = -(-optimizer // d)
+    if level in (DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params):
+        grads = -(-grads // d)
+    if level is DataParallelSharding.optim_grads_params:
+        weights = -(-weights // d)
+    return weights, grads, optimizer
+
+
+def _sharding_buffers(parameters: int, plan: ParallelPlan) -> int:
+    """Full-size buckets sharded data parallelism materialises: a bucket of gradients before its
+    reduce-scatter; with sharded weights, two buckets of gathered weights (in use and prefetched)."""
+    level = plan.sharding
+    if level in (DataParallelSharding.no_shard, DataParallelSharding.optim):
+        return 0
+    bucket = min(parameters, max(40_000_000, 1_000_000 * plan.gradient_group_size))
+    gathered = 2 * bucket * plan.precision.activation_bytes if level is DataParallelSharding.optim_grads_params else 0
+    return bucket * plan.grad_bytes + gathered
 
 
 # --- activations ---------------------------------------------------------------------------------
@@ -273,6 +293,7 @@ def _stage_bytes(job: Job, stage: int) -> dict[str, int]:
     if stage == p - 1:
         extras += output * chunk_in_flight(p - 1, v - 1, p, m, v, gpipe)
     activations = chunks * per_chunk + extras
+    transient += _sharding_buffers(params, plan)
 
     reserve = _reserve(activations, transient)
     peak = weights + gradients + optimizer + activations + transient + reserve

@@ -54,10 +54,12 @@ class Dims:
     mlp_in: int  # fc1 output width on this rank (2f with SwiGLU)
     gb: int = FP32_BYTES  # gradient buffer (main_grad) bytes per element
     tp_overlap: bool = False  # --tp-comm-overlap: SP collectives pipelined with their GEMMs in chunks
+    cp: int = 1  # context-parallel ranks sharing each sequence (s / cp tokens each, t ranks apart)
 
     @property
     def tokens(self) -> int:
-        return self.s * self.b
+        """Tokens of this rank's micro-batch: all of them, or s b / cp under context parallelism."""
+        return self.s * self.b // self.cp
 
     @property
     def local_tokens(self) -> int:
@@ -346,6 +348,88 @@ class FlashAttention(Module):
         dm = self.dm
         return g.add(Op("attention.backward", OpKind.flash_attention, flops=2.5 * self.flops, region=CORE_ATTENTION,
                         attention=(dm.b * dm.a, dm.s, dm.d, True)), after=(after,))
+
+
+@dataclass(frozen=True)
+class ContextParallelAttention(Module):
+    """Fused causal attention over a sequence split across ``cp`` ranks (Transformer Engine's context
+    parallelism), each holding 2 of 2 cp load-balanced chunks, so every rank does 1/cp of the work.
+
+    ``p2p`` (ring attention): the cp blocks of keys and values travel around the CP group; block i's
+    attention runs while block i + 1 arrives, and the backward passes the key/value gradients along too.
+    ``a2a`` (Ulysses): all-to-alls turn the sequence split into a head split and back, and attention runs
+    over the whole sequence for a / cp heads. ``allgather``: keys and values are all-gathered, their
+    gradients reduce-scattered. Each keeps what flash attention keeps, for its own tokens.
+    """
+
+    dm: Dims
+    comm: str
+
+    @property
+    def _flops(self) -> float:
+        dm = self.dm
+        return 4.0 * dm.b * dm.a * dm.s * dm.s * dm.d / 2 / dm.cp  # this rank's share of the causal product
+
+    def _kv_bytes(self) -> int:
+        return 2 * self.dm.tokens * self.dm.kv * self.dm.ab  # this rank's keys and values
+
+    def _attention(self, name: str, flops: float, seq: int, saves=()) -> Op:
+        dm = self.dm
+        return Op(name, OpKind.flash_attention, flops=flops, saves=tuple(saves), region=CORE_ATTENTION,
+                  attention=(dm.b * dm.a, seq, dm.d, True))
+
+    def _comm(self, name: str, kind: CollectiveKind, nbytes: int):
+        return collective(name, kind, nbytes, self.dm.cp, self.dm.t)
+
+    def forward(self, g: GraphBuilder) -> None:
+        dm = self.dm
+        q, kv = dm.tokens * dm.a * dm.d, dm.tokens * dm.kv
+        saves = (SavedTensor("q", q, dm.ab, region_input=True), SavedTensor("k", kv, dm.ab, region_input=True),
+                 SavedTensor("v", kv, dm.ab, region_input=True),
+                 SavedTensor("attention.logsumexp", dm.b * dm.a * dm.s // dm.cp, FP32_BYTES))
+        if self.comm == "p2p":
+            self._ring(g, "attention", 1.0, self._kv_bytes(), saves)
+        elif self.comm == "a2a":
+            g.add(self._comm("attention.a2a_qkv", CollectiveKind.all_to_all, dm.tokens * (dm.a * dm.d + 2 * dm.kv) * dm.ab))
+            g.add(self._attention("attention", self._flops, dm.s, saves))
+            g.add(self._comm("attention.a2a_out", CollectiveKind.all_to_all, q * dm.ab))
+        else:
+            g.add(self._comm("attention.kv_all_gather", CollectiveKind.all_gather, self._kv_bytes() * dm.cp))
+            g.add(self._attention("attention", self._flops, dm.s // dm.cp, saves))
+
+    def _ring(self, g: GraphBuilder, name: str, scale: float, block_bytes: int, saves=(),
+              after: str | None = None) -> str:
+        """cp attention blocks, each after the previous one and after its keys and values arrived; the
+        exchange that brings block i + 1 runs beside block i."""
+        start = after if after is not None else g.last
+        first = (start,) if start is not None else ()
+        per_block = scale * self._flops / self.dm.cp
+        compute = exchange = None
+        for i in range(self.dm.cp):
+            deps = first if i == 0 else tuple(d for d in (compute, exchange) if d is not None)
+            compute = g.add(self._attention(f"{name}.block{i}", per_block, self.dm.s // self.dm.cp,
+                                            saves if i == 0 else ()), after=deps)
+            if i < self.dm.cp - 1:
+                exchange = g.add(self._comm(f"{name}.kv_exchange{i}", CollectiveKind.send_recv, block_bytes),
+                                 after=(exchange,) if exchange else first)
+        g.last = compute
+        return compute
+
+    def backward(self, g: GraphBuilder, after: str) -> str:
+        dm = self.dm
+        if self.comm == "p2p":  # keys and values travel again, with their gradients
+            return self._ring(g, "attention.backward", 2.5, 2 * self._kv_bytes(), after=after)
+        if self.comm == "a2a":
+            g.add(self._comm("attention.backward.a2a_out", CollectiveKind.all_to_all, dm.tokens * dm.a * dm.d * dm.ab),
+                  after=(after,))
+            g.add(self._attention("attention.backward", 2.5 * self._flops, dm.s))
+            return g.add(self._comm("attention.backward.a2a_qkv", CollectiveKind.all_to_all,
+                                    dm.tokens * (dm.a * dm.d + 2 * dm.kv) * dm.ab))
+        g.add(self._comm("attention.backward.kv_all_gather", CollectiveKind.all_gather, self._kv_bytes() * dm.cp),
+              after=(after,))
+        g.add(self._attention("attention.backward", 2.5 * self._flops, dm.s // dm.cp))
+        return g.add(self._comm("attention.backward.kv_reduce_scatter", CollectiveKind.reduce_scatter,
+                                self._kv_bytes() * dm.cp))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ class CollectiveKind(str, Enum):
     all_gather = "all_gather"
     reduce_scatter = "reduce_scatter"
     send_recv = "send_recv"
+    all_to_all = "all_to_all"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +72,9 @@ class GemmShape:
 @dataclass(frozen=True, slots=True)
 class CollectiveOp:
     kind: CollectiveKind
-    bytes: int  # the full buffer: all-reduce size, all-gather output, reduce-scatter input
+    bytes: int  # the full buffer: all-reduce size, all-gather output, reduce-scatter input; one send's bytes
     group_size: int
+    stride: int = 1  # ranks between members (TP 1; CP t): whether the group leaves a node
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +140,8 @@ def gemm(name: str, shape: GemmShape, saves=(), region="", kind=OpKind.gemm) -> 
     return Op(name, kind, flops=shape.flops, gemm=shape, saves=tuple(saves), region=region)
 
 
-def collective(name: str, kind: CollectiveKind, nbytes: int, t: int) -> Op:
-    return Op(name, OpKind.collective, collective=CollectiveOp(kind, nbytes, t))
+def collective(name: str, kind: CollectiveKind, nbytes: int, t: int, stride: int = 1) -> Op:
+    return Op(name, OpKind.collective, collective=CollectiveOp(kind, nbytes, t, stride))
 
 
 def ordered_ops(graph: nx.DiGraph) -> list[Op]:

@@ -8,11 +8,13 @@ Rules that need only the plan are validators here; rules that need the model or 
 from __future__ import annotations
 
 from enum import Enum
+from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simulator.hardware import ClusterSpec
 from simulator.model import ModelSpec
+from simulator.pipeline_split import chunk_layers
 
 
 class RecomputeGranularity(str, Enum):
@@ -41,6 +43,37 @@ class Fp8Format(str, Enum):
 
     hybrid = "hybrid"  # e4m3 forward, e5m2 gradients
     e4m3 = "e4m3"  # e4m3 throughout
+
+
+class CpCommType(str, Enum):
+    """How context parallelism exchanges keys and values (Megatron ``--cp-comm-type``)."""
+
+    p2p = "p2p"  # ring attention: KV blocks passed around the CP group, overlapped with each block's attention
+    a2a = "a2a"  # all-to-all to heads, attention over the whole sequence, all-to-all back (Ulysses)
+    allgather = "allgather"  # all-gather KV, attention, reduce-scatter of its gradient
+
+
+class AttentionBackend(str, Enum):
+    """Megatron's ``--attention-backend``: auto picks Transformer Engine's flash or fused kernels."""
+
+    auto = "auto"
+    flash = "flash"
+    fused = "fused"
+    unfused = "unfused"  # Megatron's own path: QK^T, softmax, dropout and the product with V apart
+    local = "local"  # Megatron-Core's unfused local implementation
+
+    @property
+    def fused_kernel(self) -> bool:
+        return self not in (AttentionBackend.unfused, AttentionBackend.local)
+
+
+class DataParallelSharding(str, Enum):
+    """Megatron-FSDP's ``--data-parallel-sharding-strategy``: what is sharded over the data-parallel ranks."""
+
+    no_shard = "no_shard"
+    optim = "optim"  # the distributed optimizer (ZeRO-1)
+    optim_grads = "optim_grads"  # and the gradients (ZeRO-2)
+    optim_grads_params = "optim_grads_params"  # and the parameters (ZeRO-3, FSDP)
 
 
 class PipelineSchedule(str, Enum):
@@ -75,6 +108,10 @@ class ParallelPlan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tensor_parallel_size: int = Field(1, gt=0, description="TP ranks that split each layer (Megatron column/row parallel).")
+    context_parallel_size: int = Field(
+        1, gt=0, description="CP ranks that split every sequence (Megatron --context-parallel-size): each holds s / cp "
+                             "tokens, in 2 cp load-balanced chunks for causal attention.")
+    cp_comm_type: CpCommType = Field(CpCommType.p2p, description="How CP exchanges keys and values.")
     pipeline_parallel_size: int = Field(1, gt=0, description="Pipeline stages.")
     data_parallel_size: int = Field(1, gt=0, description="Model replicas.")
     virtual_pipeline_stages: int = Field(1, gt=0, description="Model chunks per pipeline stage (interleaved 1F1B).")
@@ -83,6 +120,9 @@ class ParallelPlan(BaseModel):
     global_batch_size: int = Field(1, gt=0, description="Sequences per iteration, all replicas together.")
     recompute: RecomputePolicy = RecomputePolicy()
     use_distributed_optimizer: bool = Field(False, description="Shard fp32 master weights and Adam state over DP (ZeRO-1).")
+    data_parallel_sharding_strategy: DataParallelSharding | None = Field(
+        None, description="What is sharded over the data-parallel ranks (Megatron-FSDP); None = optim with the "
+                          "distributed optimizer, else no_shard.")
     precision: Precision = Precision.bf16
     accumulate_allreduce_grads_in_fp32: bool | None = Field(
         None, description="Keep the gradient buffer (main_grad) and its data-parallel reduction in fp32. None = "
@@ -94,7 +134,11 @@ class ParallelPlan(BaseModel):
         "transposes); each linear layer saves its FP8 input. Attention, the output layer and every other "
         "activation stay in `precision`. None = no FP8.",
     )
-    use_flash_attention: bool = Field(False, description="Fused attention that never materialises the s x s scores.")
+    attention_backend: AttentionBackend = Field(
+        AttentionBackend.auto, description="Megatron's --attention-backend; auto, flash and fused never materialise "
+                                           "the s x s scores, unfused and local do.")
+    use_flash_attention: bool = Field(
+        True, description="A fused attention kernel (what attention_backend says; kept as the older flag's name).")
     overlap_grad_reduce: bool = Field(
         False, description="Reduce DP gradients in buckets during the last micro-batch's backward (Megatron-Core DDP).")
     overlap_param_gather: bool = Field(
@@ -113,10 +157,51 @@ class ParallelPlan(BaseModel):
     pipeline_layer_split: tuple[int, ...] | None = Field(
         None, description="Layers per stage when they do not divide evenly (sums to num_layers)."
     )
+    decoder_first_pipeline_num_layers: int | None = Field(
+        None, gt=0, description="Transformer layers of the first stage; the others share the rest evenly.")
+    decoder_last_pipeline_num_layers: int | None = Field(
+        None, gt=0, description="Transformer layers of the last stage.")
+    account_for_embedding_in_pipeline_split: bool = Field(
+        False, description="Count the input embedding as a layer of the first stage when splitting.")
+    account_for_loss_in_pipeline_split: bool = Field(
+        False, description="Count the output layer and loss as a layer of the last stage when splitting.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _attention_flags_agree(cls, data):
+        """``use_flash_attention`` and ``attention_backend`` say one thing; either may be given."""
+        if not isinstance(data, dict):
+            return data
+        flash, backend = data.get("use_flash_attention"), data.get("attention_backend")
+        if backend is not None and flash is None:
+            return {**data, "use_flash_attention": AttentionBackend(backend).fused_kernel}
+        if flash is not None and backend is None:
+            return {**data, "attention_backend": AttentionBackend.auto if flash else AttentionBackend.unfused}
+        if flash is not None and backend is not None and AttentionBackend(backend).fused_kernel != bool(flash):
+            raise ValueError(f"attention_backend={AttentionBackend(backend).value!r} and use_flash_attention={flash} "
+                             "disagree; give one of them")
+        return data
 
     @property
     def num_gpus(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+        return (self.tensor_parallel_size * self.context_parallel_size * self.pipeline_parallel_size
+                * self.data_parallel_size)
+
+    @property
+    def gradient_group_size(self) -> int:
+        """Ranks that hold the same parameters: DP x CP, over which gradients are reduced and sharded."""
+        return self.data_parallel_size * self.context_parallel_size
+
+    @property
+    def sharding(self) -> DataParallelSharding:
+        if self.data_parallel_sharding_strategy is not None:
+            return self.data_parallel_sharding_strategy
+        return DataParallelSharding.optim if self.use_distributed_optimizer else DataParallelSharding.no_shard
+
+    @property
+    def shards_optimizer(self) -> bool:
+        """Optimizer state (and the gradient reduction to a reduce-scatter) sharded over the DP x CP ranks."""
+        return self.sharding is not DataParallelSharding.no_shard
 
     @property
     def num_micro_batches(self) -> int:
@@ -134,6 +219,22 @@ class ParallelPlan(BaseModel):
             return 4
         fp32 = self.accumulate_allreduce_grads_in_fp32
         return 4 if (fp32 if fp32 is not None else self.precision is Precision.bf16) else 2
+
+    @model_validator(mode="after")
+    def _context_parallel_needs_a_fused_kernel(self) -> "ParallelPlan":
+        if self.context_parallel_size > 1 and not self.use_flash_attention:
+            raise ValueError(f"context_parallel_size={self.context_parallel_size} runs Transformer Engine's fused "
+                             f"attention; use attention_backend auto, flash or fused (not "
+                             f"{self.attention_backend.value!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _sharding_agrees_with_the_distributed_optimizer(self) -> "ParallelPlan":
+        s = self.data_parallel_sharding_strategy
+        if s is DataParallelSharding.no_shard and self.use_distributed_optimizer:
+            raise ValueError("data_parallel_sharding_strategy='no_shard' contradicts use_distributed_optimizer; "
+                             "drop one of them")
+        return self
 
     @model_validator(mode="after")
     def _tp_comm_overlap_needs_sp(self) -> "ParallelPlan":
@@ -261,23 +362,21 @@ class Job(BaseModel):
 
     @model_validator(mode="after")
     def _pipeline_splits_layers(self) -> "Job":
-        p, v, L = self.plan.pipeline_parallel_size, self.plan.virtual_pipeline_stages, self.model.num_layers
-        split = self.plan.pipeline_layer_split
-        if split is not None:
-            if len(split) != p or sum(split) != L or min(split) < 1:
-                raise ValueError(
-                    f"pipeline_layer_split={list(split)} must give {p} stages of at least one layer summing to "
-                    f"num_layers={L}"
-                )
-            if v > 1:
-                raise ValueError("pipeline_layer_split cannot be combined with virtual_pipeline_stages > 1")
+        _ = self.chunk_layers  # raises the split's own ValueError
+        return self
+
+    @model_validator(mode="after")
+    def _context_parallel_splits_the_sequence(self) -> "Job":
+        cp, s = self.plan.context_parallel_size, self.model.seq_length
+        if cp == 1:
             return self
-        if L % (p * v):
-            what = f"pipeline_parallel_size={p}" + (f" x virtual_pipeline_stages={v} = {p * v}" if v > 1 else "")
-            raise ValueError(
-                f"{what} does not divide num_layers={L}; use a divisor of {L} ({_say_divisors(L)}) "
-                "or state the split with pipeline_layer_split"
-            )
+        if s % (2 * cp):
+            raise ValueError(f"context_parallel_size={cp} splits each sequence into 2 x {cp} load-balanced chunks, "
+                             f"which seq_length={s} does not divide; use a sequence that is a multiple of {2 * cp}")
+        heads = self.model.num_attention_heads // self.plan.tensor_parallel_size
+        if self.plan.cp_comm_type is CpCommType.a2a and heads % cp:
+            raise ValueError(f"cp_comm_type 'a2a' spreads the {heads} attention heads of each TP rank over "
+                             f"context_parallel_size={cp}, which does not divide them; use p2p or a CP size that does")
         return self
 
     @model_validator(mode="after")
@@ -299,14 +398,26 @@ class Job(BaseModel):
         return -(-self.num_gpus // self.cluster.gpus_per_node)
 
     @property
+    def chunk_layers(self) -> tuple[tuple[int, ...], ...]:
+        """Transformer layers of each model chunk of each stage, ``[stage][chunk]``, as Megatron splits them."""
+        plan = self.plan
+        key = (self.model.num_layers, plan.pipeline_parallel_size, plan.virtual_pipeline_stages,
+               plan.decoder_first_pipeline_num_layers, plan.decoder_last_pipeline_num_layers,
+               plan.account_for_embedding_in_pipeline_split, plan.account_for_loss_in_pipeline_split,
+               plan.pipeline_layer_split)
+        return _split(*key)
+
+    @property
     def layers_per_stage(self) -> tuple[int, ...]:
-        p = self.plan.pipeline_parallel_size
-        if self.plan.pipeline_layer_split is not None:
-            return self.plan.pipeline_layer_split
-        return (self.model.num_layers // p,) * p
+        return tuple(sum(c) for c in self.chunk_layers)
 
     @property
     def layers_per_chunk(self) -> tuple[int, ...]:
-        """Layers of one model chunk on each stage (a stage holds virtual_pipeline_stages chunks)."""
-        v = self.plan.virtual_pipeline_stages
-        return tuple(n // v for n in self.layers_per_stage)
+        """The largest model chunk of each stage (chunks differ only when the embedding or loss takes a slot)."""
+        return tuple(max(c) for c in self.chunk_layers)
+
+
+@lru_cache(maxsize=4096)
+def _split(layers, p, v, first, last, embedding, loss, explicit) -> tuple[tuple[int, ...], ...]:
+    return chunk_layers(layers, p, v, first=first, last=last, account_for_embedding=embedding,
+                        account_for_loss=loss, explicit=explicit)

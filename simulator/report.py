@@ -68,12 +68,14 @@ def standard_plan(s: Scenario) -> ParallelPlan:
     """Megatron-LM's 2021 GPT-3 example: TP 8, micro-batch 1, full recompute, no SP, no interleaving."""
     return ParallelPlan(tensor_parallel_size=8, pipeline_parallel_size=s.standard_pp,
                         data_parallel_size=s.gpus // (8 * s.standard_pp), micro_batch_size=1,
-                        global_batch_size=s.global_batch_size, recompute=RecomputePolicy(granularity="full"))
+                        global_batch_size=s.global_batch_size, recompute=RecomputePolicy(granularity="full"),
+                        attention_backend=k.ATTENTION)
 
 
 def _search(s: Scenario, pins: SearchPins, top: int = 1) -> SearchResult:
+    # the article's 2022 question, answered with the attention Megatron ran then
     req = SearchRequest(model=PRESETS[s.model], cluster=load_cluster(k.CLUSTER), num_gpus=s.gpus,
-                        global_batch_size=s.global_batch_size, pins=pins)
+                        global_batch_size=s.global_batch_size, pins=pins, use_flash_attention=False)
     return search(req, tokens=TOKENS, top=top)
 
 

@@ -23,6 +23,7 @@ from simulator.hardware import ClusterSpec
 from simulator.memory import stage_peak_bytes
 from simulator.model import ModelSpec
 from simulator.plan import (
+    AttentionBackend,
     Job,
     ParallelPlan,
     Precision,
@@ -63,7 +64,8 @@ class SearchRequest(BaseModel):
     global_batch_size: int = Field(gt=0)
     pins: SearchPins = SearchPins()
     precision: Precision = Precision.bf16
-    use_flash_attention: bool = False
+    use_flash_attention: bool = Field(True, description="Plans use a fused attention kernel (Megatron's default, "
+                                                         "attention_backend auto); False: Megatron's unfused path.")
     overlap_grad_reduce: bool = False
     finalists: int = Field(16, gt=0, description="Plans the engine simulates after the closed-form screen.")
 
@@ -157,6 +159,8 @@ def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
                                     virtual_pipeline_stages=v, sequence_parallel=sp, micro_batch_size=mbs,
                                     global_batch_size=gbs, recompute=rec, use_distributed_optimizer=dopt,
                                     precision=req.precision, use_flash_attention=req.use_flash_attention,
+                                    attention_backend=(AttentionBackend.auto if req.use_flash_attention
+                                                       else AttentionBackend.unfused),
                                     overlap_grad_reduce=req.overlap_grad_reduce,
                                     **{k: f.default for k, f in ParallelPlan.model_fields.items()
                                        if k in ("schedule", "allow_tp_across_nodes", "pipeline_layer_split")},

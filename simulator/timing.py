@@ -192,7 +192,7 @@ class LayerTimes:
 
     forward_s: float
     backward_s: float  # the backward pass alone
-    recompute_s: float  # the forward ops replayed before it under the recompute policy
+    recompute_s: float  # what replaying the policy's forward ops before it adds to the backward
     forward: PhaseTimeline
     backward: PhaseTimeline  # recompute followed by backward, as one timeline
     backward_only: PhaseTimeline  # for layers the policy does not recompute (full/block)
@@ -204,14 +204,13 @@ class LayerTimes:
     def with_durations(self, forward_s: float, backward_s: float, recompute_s: float) -> "LayerTimes":
         """These times with the phases lasting as given (e.g. measured), each timeline scaled to fit.
 
-        A measured phase already holds any wait for the host, so the given time is the device's and
-        the host's share is zero; the start-up lag of a phase from an empty queue is kept.
+        The phase's host and device times, and its time from an empty queue, scale together, so the
+        given time is what a run of such phases takes (a measured phase holds its host waits).
         """
         def scaled(tl: PhaseTimeline, duration_s: float) -> PhaseTimeline:
             k = duration_s / tl.steady_s if tl.steady_s else 0.0
-            lag = max(tl.cold_s - tl.steady_s, 0.0)
-            return PhaseTimeline(tl.intervals, duration_s, tl.compute_s * k, tl.tp_comm_s * k, tl.flops,
-                                 0.0, duration_s + lag, tl.asynchronous)
+            return PhaseTimeline(tl.intervals, tl.duration_s * k, tl.compute_s * k, tl.tp_comm_s * k, tl.flops,
+                                 tl.host_s * k, tl.cold_s * k, tl.asynchronous)
 
         return LayerTimes(forward_s, backward_s, recompute_s, scaled(self.forward, forward_s),
                           scaled(self.backward, backward_s + recompute_s), scaled(self.backward_only, backward_s))
@@ -224,7 +223,8 @@ def _layer_times(layer: LayerGraph, cost: OpCoster) -> LayerTimes:
     bwd_only = play([layer.backward], cost, backward=(True,))
     both = (play([layer.recompute, layer.backward], cost, backward=(False, True))
             if layer.recompute.number_of_nodes() else bwd_only)
-    return LayerTimes(fwd.steady_s, bwd_only.steady_s, rec.steady_s, fwd, both, bwd_only)
+    # what the replay adds to the backward (host and device overlap across the two, so not rec's own time)
+    return LayerTimes(fwd.steady_s, bwd_only.steady_s, both.steady_s - bwd_only.steady_s, fwd, both, bwd_only)
 
 
 def layer_times(job: Job, profile=None, cost: OpCoster | None = None) -> LayerTimes:

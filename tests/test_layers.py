@@ -8,7 +8,9 @@ GPT3 = PRESETS["gpt3-175b"]
 
 
 def plan(**kw) -> ParallelPlan:
+    """Korthikanti's GPT-3 175B layer: TP 8 and Megatron's own (unfused) attention unless asked."""
     kw.setdefault("global_batch_size", kw.get("micro_batch_size", 1))
+    kw.setdefault("attention_backend", "unfused")
     return ParallelPlan(tensor_parallel_size=8, **kw)
 
 

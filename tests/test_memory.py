@@ -40,7 +40,11 @@ FIGURE_NAMES = korthikanti.FIGURE_NAMES
 
 
 def job(model: str | ModelSpec, **plan) -> Job:
+    """Korthikanti's formulas count the s x s scores of Megatron's own (unfused) attention, so that is the
+    default here; tests of flash attention ask for it."""
     spec = PRESETS[model] if isinstance(model, str) else model
+    if "use_flash_attention" not in plan:
+        plan.setdefault("attention_backend", "unfused")
     return Job(model=spec, cluster=CLUSTER, plan=ParallelPlan(**plan))
 
 

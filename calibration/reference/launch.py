@@ -39,7 +39,7 @@ def check_supported(job: Job) -> None:
         (m.query_groups != m.num_attention_heads, f"num_query_groups={m.num_query_groups}", "drop grouped-query attention"),
         (m.untie_embeddings_and_output_weights, "untied output weights", "tie them"),
         (not m.add_bias_linear, "linear layers without bias", "keep the biases"),
-        (p.use_flash_attention, "flash attention", "drop --use-flash-attn"),
+        (p.use_flash_attention, f"the {p.attention_backend.value!r} attention backend", "use --attention-backend unfused"),
         (p.use_distributed_optimizer, "the distributed optimizer", "drop --use-distributed-optimizer"),
         (p.recompute.granularity is RecomputeGranularity.full and p.recompute.method is RecomputeMethod.uniform
          and p.recompute.num_layers > 1, f"uniform recompute groups of {p.recompute.num_layers} layers",

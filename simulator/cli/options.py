@@ -11,6 +11,7 @@ from simulator.errors import ConfigError
 from simulator.hardware import load_cluster
 from simulator.model import load_model
 from simulator.plan import (
+    AttentionBackend,
     Fp8Format,
     Job,
     ParallelPlan,
@@ -65,8 +66,12 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
      dict(type=click.Choice([f.value for f in Fp8Format]), default=None,
           help="FP8 GEMMs in the linear layers (Transformer Engine, Hopper only), with its casts; each linear "
                "layer saves its input in FP8, other activations stay bf16. MFU stays against the bf16 peak.")),
+    (("--attention-backend", "attention_backend"),
+     dict(type=click.Choice([b.value for b in AttentionBackend]), default=None,
+          help="Megatron's --attention-backend [default: auto, Transformer Engine's flash/fused kernels]; unfused "
+               "or local keep the s x s scores (Megatron's own path).")),
     (("--use-flash-attn", "use_flash_attention"),
-     dict(is_flag=True, default=False, help="Fused attention that never stores the s x s scores.")),
+     dict(is_flag=True, default=None, help="Older Megatron's flag: a fused kernel (the default already).")),
     (("--overlap-grad-reduce", "overlap_grad_reduce"),
      dict(is_flag=True, default=False, help="Overlap the DP gradient reduction with the backward pass.")),
     (("--allow-tp-across-nodes", "allow_tp_across_nodes"),
@@ -135,7 +140,8 @@ def job_from_options(**kwargs: Any) -> Job:
         "use_distributed_optimizer": o.get("use_distributed_optimizer", False),
         "precision": o.get("precision", "bf16"),
         "fp8_format": o.get("fp8_format"),
-        "use_flash_attention": o.get("use_flash_attention", False),
+        **({"attention_backend": o["attention_backend"]} if o.get("attention_backend") else {}),
+        **({"use_flash_attention": True} if o.get("use_flash_attention") else {}),
         "overlap_grad_reduce": o.get("overlap_grad_reduce", False),
         "overlap_p2p_comm": o.get("overlap_p2p_comm", False),
         "allow_tp_across_nodes": o.get("allow_tp_across_nodes", False),

@@ -45,6 +45,8 @@ def reference(device: str, iterations: int, out: Path, seed: int, **options: Any
             options["allow_tp_across_nodes"] = True  # local-cpu: every rank is a node of its own
         if ctx.get_parameter_source("precision") is ParameterSource.DEFAULT:
             options["precision"] = Precision.fp32.value
+    if not options.get("attention_backend") and not options.get("use_flash_attention"):
+        options["attention_backend"] = "unfused"  # what the loop implements: Megatron's own attention
     job = job_from_options(**options)
     check_supported(job)
     record = run_reference(job, device=device, iterations=iterations, out=out, seed=seed)

@@ -54,7 +54,12 @@ def _describe(plan) -> str:
 @click.option("--use-distributed-optimizer/--no-distributed-optimizer", "dopt", default=None,
               help="Pin the distributed optimizer on or off.")
 @click.option("--precision", type=click.Choice([p.value for p in Precision]), default="bf16", show_default=True)
-@click.option("--use-flash-attn", "flash", is_flag=True, default=False, help="Plans use fused attention.")
+@click.option("--attention-backend", "backend", type=click.Choice(["auto", "flash", "fused", "unfused", "local"]),
+              default="auto", show_default=True,
+              help="Megatron's --attention-backend; auto, flash and fused use a fused kernel, unfused and local "
+                   "Megatron's own path that keeps the s x s scores.")
+@click.option("--use-flash-attn", "flash", is_flag=True, default=False,
+              help="Older Megatron's flag for a fused kernel (the default already).")
 @click.option("--overlap-grad-reduce", "overlap", is_flag=True, default=False,
               help="Plans overlap the DP gradient reduction with the backward pass.")
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME", help="Hardware profile.")
@@ -64,7 +69,7 @@ def _describe(plan) -> str:
               help="Write the best plan's iteration as a Chrome trace-event JSON (Perfetto).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print machine-readable JSON.")
 def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, sp, recompute, dopt,
-                   precision, flash, overlap, profile_path, pareto_path, trace_path, as_json):
+                   precision, backend, flash, overlap, profile_path, pareto_path, trace_path, as_json):
     """Search every valid plan (TP, PP, virtual stages, micro-batch, SP, recompute, distributed optimizer)
     for the fastest that fits in GPU memory."""
     from simulator.export import megatron_args, nemo_yaml
@@ -79,7 +84,8 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
         pins=SearchPins(tensor_parallel_size=tp, pipeline_parallel_size=pp, virtual_pipeline_stages=vpp,
                         micro_batch_size=mbs, sequence_parallel=sp, recompute_granularity=recompute,
                         use_distributed_optimizer=dopt),
-        precision=precision, use_flash_attention=flash, overlap_grad_reduce=overlap,
+        precision=precision, use_flash_attention=flash or backend not in ("unfused", "local"),
+        overlap_grad_reduce=overlap,
     )
     profile = load_profile(profile_path) if profile_path else None
     bars: dict = {}

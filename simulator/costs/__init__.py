@@ -78,7 +78,7 @@ class CostModel:
         if op.kind is OpKind.collective:
             assert op.collective is not None, op.name
             c = op.collective
-            return self.collective_time_s(c.kind, c.bytes, Group(c.group_size, 1))
+            return self.collective_time_s(c.kind, c.bytes, Group(c.group_size, c.stride))
         raise AssertionError(f"no cost model for op kind {op.kind}")
 
     def _fp8_gemm_time_s(self, s: GemmShape) -> float:

@@ -61,6 +61,9 @@ def _interpolate_log_log(curve: tuple[tuple[float, float], ...], x: float) -> fl
 
 
 def _factor(kind: CollectiveKind, n: int) -> float:
+    """Bytes through each rank per byte of the buffer (nccl-tests' bus-bandwidth factor); an all-to-all
+    moves (n - 1) / n of its buffer, like an all-gather, but every pair at once: the ring's link bound
+    is taken for it."""
     if kind is CollectiveKind.all_reduce:
         return 2.0 * (n - 1) / n
     return (n - 1) / n
@@ -109,6 +112,8 @@ class CollectiveModel:
         rs, ag = CollectiveKind.reduce_scatter, CollectiveKind.all_gather
         if kind is CollectiveKind.all_reduce:
             return self._flat(rs, nbytes, intra) + self._flat(kind, nbytes / g, inter) + self._flat(ag, nbytes, intra)
+        if kind is CollectiveKind.all_to_all:
+            return self._flat(kind, nbytes, group)
         if kind is CollectiveKind.all_gather:
             return self._flat(ag, nbytes / g, inter) + self._flat(ag, nbytes, intra)
         return self._flat(rs, nbytes, intra) + self._flat(rs, nbytes / g, inter)
@@ -116,8 +121,11 @@ class CollectiveModel:
     def time_s(self, kind: CollectiveKind, nbytes: float, group: Group) -> float:
         if group.size == 1 or nbytes <= 0:
             return 0.0
-        if kind is CollectiveKind.send_recv:
-            return self.p2p_time_s(nbytes, inter_node=group.stride * group.size > self.cluster.gpus_per_node)
+        if kind is CollectiveKind.send_recv:  # every member sends to its ring neighbour at once
+            gpn = self.cluster.gpus_per_node
+            inter = group.stride * group.size > gpn
+            return self.p2p_time_s(nbytes, inter_node=inter,
+                                   sharing=max(1, gpn // self.cluster.nics_per_node) if inter else 1)
         key = (kind, nbytes, group)
         if key not in self._cache:
             t = self._flat(kind, nbytes, group)

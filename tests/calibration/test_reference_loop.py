@@ -35,7 +35,7 @@ def _job(model: ModelSpec, granularity: str = "none", method: str = "uniform", r
     plan.setdefault("global_batch_size", 4)
     recompute = {"granularity": granularity, "method": method, "num_layers": recompute_layers}
     return Job(model=model, cluster=load_cluster("dgx-a100-80gb"),
-               plan=ParallelPlan(precision="fp32", recompute=recompute, **plan))
+               plan=ParallelPlan(precision="fp32", recompute=recompute, attention_backend="unfused", **plan))
 
 
 LAYOUTS = {  # name -> (processes, job); "single" is the reference every layout must reproduce
