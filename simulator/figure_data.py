@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from simulator.describe import job_title, layout, settings_json, short_layout, title
 from simulator.errors import InfeasiblePlanError
@@ -192,9 +192,11 @@ def tp_pp_heatmap_data(result: SearchResult, req: SearchRequest, profile=None) -
             "pipeline_parallel_sizes": pps, "iteration_time_s": times, "plans": plans}
 
 
-def scaling_data(req: SearchRequest, gpu_counts: Iterable[int], tokens: float, profile=None,
-                 progress=None) -> dict[str, Any]:
-    """The best plan at each GPU count (the same model, cluster, batch and pins): days, MFU, tokens/s."""
+def scaling_data(req: SearchRequest, gpu_counts: Iterable[int], tokens: float | None, profile=None,
+                 describe: Callable[[ParallelPlan], str] = layout) -> dict[str, Any]:
+    """The best plan at each GPU count (the same model, cluster, batch and pins): days (with ``tokens``),
+    MFU, tokens/s; a count with no plan is listed in ``skipped`` with the reason."""
+    gpu_counts = list(gpu_counts)
     points, skipped = [], []
     for n in gpu_counts:
         try:
@@ -204,11 +206,12 @@ def scaling_data(req: SearchRequest, gpu_counts: Iterable[int], tokens: float, p
             continue
         e = best.estimate
         points.append({"gpus": n, "days": e.training_days, "mfu": e.mfu, "tokens_per_s": e.tokens_per_s,
-                       "iteration_time_s": e.iteration_time_s, "plan": layout(best.plan)})
-        if progress is not None:
-            progress(n)
+                       "iteration_time_s": e.iteration_time_s, "plan": describe(best.plan)})
+    if not points:
+        raise InfeasiblePlanError(f"no plan fits at any of the GPU counts {', '.join(map(str, gpu_counts))}: "
+                                  + "; ".join(f"{n}: {why}" for n, why in skipped))
     heading = (f"{req.model.name} on {req.cluster.name} ({req.cluster.gpu.name}), global batch "
-               f"{req.global_batch_size:,}, {tokens / 1e9:g}B tokens\n"
+               f"{req.global_batch_size:,}" + (f", {tokens / 1e9:g}B tokens" if tokens else "") + "\n"
                + _request_title(req).split("\n")[1])
     return {"kind": "scaling", "title": heading, "gpu": req.cluster.gpu.name, "tokens": tokens,
             "points": points, "skipped": skipped}
