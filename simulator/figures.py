@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from simulator import figure_data as fd
-from simulator.estimate import Simulation, simulate_job
-from simulator.plan import Job
-from simulator.search import SearchRequest, SearchResult
+if TYPE_CHECKING:  # the engine and the search load when a figure is computed, not when the CLI starts
+    from simulator.estimate import Simulation
+    from simulator.plan import Job
+    from simulator.search import SearchRequest, SearchResult
 
 PLAN_KINDS = ("timeline", "stage-memory", "memory-vs-micro-batch", "memory-breakdown", "time-breakdown")
 SEARCH_KINDS = ("pareto", "time-breakdown", "tp-pp-heatmap", "days-vs-gpus", "mfu-vs-gpus")
@@ -33,6 +33,9 @@ def default_gpu_counts(num_gpus: int) -> list[int]:
 def plan_data(kind: str, job: Job, sim: Simulation | None = None, profile=None,
               steps: tuple[int, int] | None = None) -> dict[str, Any]:
     """The data of one of a plan's figures."""
+    from simulator import figure_data as fd
+    from simulator.estimate import simulate_job
+
     if kind == "timeline":
         sim = sim if sim is not None and sim.engine.intervals else simulate_job(job, profile, record=True)
         return fd.timeline_data(sim, job, steps)
@@ -53,6 +56,8 @@ def plan_data(kind: str, job: Job, sim: Simulation | None = None, profile=None,
 def search_data(kind: str, result: SearchResult, req: SearchRequest, profile=None, tokens: float | None = None,
                 gpu_counts: Iterable[int] | None = None) -> dict[str, Any]:
     """The data of one of a search's figures (``days-vs-gpus`` and ``mfu-vs-gpus`` search again at each count)."""
+    from simulator import figure_data as fd
+
     if kind == "pareto":
         return fd.pareto_data(result, req)
     if kind == "time-breakdown":
@@ -74,6 +79,8 @@ def draw(kind: str, data: dict[str, Any], path: Path) -> dict[str, Any]:
 def write_plan_figures(job: Job, out: Path, sim: Simulation | None = None, profile=None,
                        kinds: Iterable[str] = PLAN_KINDS + ("parity",)) -> dict[str, str]:
     """The figures of one plan (and the parity figure) into ``out``; returns kind -> path."""
+    from simulator.estimate import simulate_job
+
     sim = sim if sim is not None and sim.engine.intervals else simulate_job(job, profile, record=True)
     written = {}
     for kind in kinds:
@@ -87,6 +94,8 @@ def write_search_figures(result: SearchResult, req: SearchRequest, out: Path, pr
                          tokens: float | None = None) -> dict[str, str]:
     """Every figure of a search into ``out``: its own, then the best plan's; returns kind -> path.
     Training days need ``tokens``; without them ``days-vs-gpus`` is left out."""
+    from simulator.plan import Job
+
     written = {}
     scaling = None
     for kind in SEARCH_KINDS:

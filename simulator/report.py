@@ -379,8 +379,8 @@ def generate(out: Path, progress: Callable[[str, bool, int, int], None] | None =
     text = ["# Reports: GPT training plans on DGX A100, reproduced from first principles", "",
             f"Regenerate with `{COMMAND}` (every number below is computed by the simulator from "
             "`hardware_specs/`, `calibration/profiles/a100-sxm4-80gb-published.json` and the published tables in "
-            "`calibration/published/`; none is typed in). Every run is at sequence 2,048 in bf16 with Megatron's "
-            "unfused attention, as Korthikanti et al. ran them.", ""]
+            "`calibration/published/`; none is typed in). Every A100 plan and validation row is at sequence 2,048 in bf16 "
+            "with Megatron's unfused attention, as Korthikanti et al. ran them.", ""]
     data: dict[str, Any] = {}
     for name in README_ORDER:
         text += results[name]["lines"]

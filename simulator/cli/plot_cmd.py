@@ -97,6 +97,7 @@ def plot_command(ctx, kind, out, tokens, profile_path, steps, gpu_counts, top, a
     from simulator import figures
     from simulator.cli.options import job_from_options
     from simulator.describe import settings_json
+    from simulator.figure_data import plan_settings
     from simulator.hf import collected_notes
     from simulator.profile import load_profile
 
@@ -116,7 +117,7 @@ def plot_command(ctx, kind, out, tokens, profile_path, steps, gpu_counts, top, a
         else:
             job = job_from_options(**options)
             data = figures.plan_data(kind, job, profile=profile, steps=window)
-            settings = figures.fd.plan_settings(job)
+            settings = plan_settings(job)
     summary = figures.draw(kind, data, out)
     if as_json:
         shown = {k: v for k, v in data.items() if k != "intervals"}  # the timeline's raw intervals stay out
