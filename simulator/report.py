@@ -368,14 +368,16 @@ def generate(out: Path, progress: Callable[[str, bool, int, int], None] | None =
              cache: ReportCache | None = None) -> dict:
     """Write README.md, figures/ and data/report.json into ``out`` (and report.html with ``html``);
     return the data. ``cache`` defaults to one under ``out/.cache``; ``progress(step, cached, done,
-    total)`` is called as each step starts."""
+    total)`` is called as each step starts, then as each figure ("figure NAME") is drawn."""
     out = Path(out)
     cache = cache if cache is not None else ReportCache(out / ".cache")
     results = cache.run(steps(html), progress)
     figures: dict[str, Any] = {}
-    for name in README_ORDER:
-        for stem, kind, figure in results[name].get("figures", []):
-            figures[stem] = cache.figure(stem, kind, figure, out / "figures" / f"{stem}.png")
+    todo = [f for name in README_ORDER for f in results[name].get("figures", [])]
+    for i, (stem, kind, figure) in enumerate(todo, 1):
+        if progress is not None:
+            progress(f"figure {stem}", cache.has_figure(stem, kind, figure), i, len(todo))
+        figures[stem] = cache.figure(stem, kind, figure, out / "figures" / f"{stem}.png")
     text = ["# Reports: GPT training plans on DGX A100, reproduced from first principles", "",
             f"Regenerate with `{COMMAND}` (every number below is computed by the simulator from "
             "`hardware_specs/`, `calibration/profiles/a100-sxm4-80gb-published.json` and the published tables in "

@@ -119,14 +119,20 @@ class ReportCache:
             results[step.name] = data
         return results
 
+    def _figure_entry(self, name: str, kind: str, data: dict[str, Any]) -> tuple[str, Path | None, Any]:
+        key = _key(kind, data, drawing_digest())
+        png = self.folder / "figures" / f"{name}.png" if self.folder is not None else None
+        summary = self._load(png.with_suffix(".json"), key) if png is not None and png.exists() else None
+        return key, png, summary
+
+    def has_figure(self, name: str, kind: str, data: dict[str, Any]) -> bool:
+        return self._figure_entry(name, kind, data)[2] is not None
+
     def figure(self, name: str, kind: str, data: dict[str, Any], path: Path) -> dict[str, Any]:
         """Draw figure ``kind`` of ``data`` into ``path`` (a copy of the cached PNG if it is the same);
         return what it shows."""
-        key = _key(kind, data, drawing_digest())
-        png = self.folder / "figures" / f"{name}.png" if self.folder is not None else None
-        meta = png.with_suffix(".json") if png is not None else None
-        summary = self._load(meta, key) if meta is not None else None
-        if summary is not None and png.exists():
+        key, png, summary = self._figure_entry(name, kind, data)
+        if summary is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(png, path)
             self.hits.append(f"figure {name}")
@@ -136,6 +142,6 @@ class ReportCache:
         summary = json.loads(json.dumps(draw(kind, data, path)))
         if png is not None:
             _write_atomic(png, path.read_bytes())
-            _write_atomic(meta, json.dumps({"key": key, "value": summary}, sort_keys=True).encode())
+            _write_atomic(png.with_suffix(".json"), json.dumps({"key": key, "value": summary}, sort_keys=True).encode())
         self.misses.append(f"figure {name}")
         return summary
