@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 CPU_VALIDATION = REPO / "reports" / "cpu-validation"
 
 
-def _request_title(req: SearchRequest) -> str:
+def request_title(req: SearchRequest) -> str:
     plan = ParallelPlan.model_construct(precision=req.precision, use_flash_attention=req.use_flash_attention,
                                         fp8_format=None)
     return title(req.model, req.cluster, req.num_gpus, req.global_batch_size, plan)
@@ -55,7 +55,7 @@ def pareto_data(result: SearchResult, req: SearchRequest) -> dict[str, Any]:
     front = pareto_front([(p[0], p[1]) for p in plans])
     simulated = [[gib(r.estimate.memory.peak_bytes), r.estimate.tokens_per_s, r.estimate.mfu, r.estimate.iteration_time_s,
                   short_layout(r.plan)] for r in result.plans]
-    return {"kind": "pareto", "title": _request_title(req), "capacity_gib": gib(req.cluster.gpu.memory_bytes),
+    return {"kind": "pareto", "title": request_title(req), "capacity_gib": gib(req.cluster.gpu.memory_bytes),
             "columns": ["peak_gib", "tokens_per_s", "mfu", "iteration_time_s", "plan"], "plans": plans,
             "front": front, "simulated": simulated, "best": layout(result.best.plan)}
 
@@ -172,7 +172,7 @@ def time_breakdown_data(entries: list[tuple[ParallelPlan, Estimate]], heading: s
 
 
 def search_time_breakdown_data(result: SearchResult, req: SearchRequest) -> dict[str, Any]:
-    return time_breakdown_data([(r.plan, r.estimate) for r in result.plans], _request_title(req))
+    return time_breakdown_data([(r.plan, r.estimate) for r in result.plans], request_title(req))
 
 
 def tp_pp_heatmap_data(result: SearchResult, req: SearchRequest, profile=None) -> dict[str, Any]:
@@ -188,7 +188,7 @@ def tp_pp_heatmap_data(result: SearchResult, req: SearchRequest, profile=None) -
         job = Job(model=req.model, cluster=req.cluster, plan=s.plan)
         times[tps.index(t)][pps.index(p)] = simulate_job(job, profile).estimate.iteration_time_s
         plans[tps.index(t)][pps.index(p)] = short_layout(s.plan)
-    return {"kind": "tp-pp-heatmap", "title": _request_title(req), "tensor_parallel_sizes": tps,
+    return {"kind": "tp-pp-heatmap", "title": request_title(req), "tensor_parallel_sizes": tps,
             "pipeline_parallel_sizes": pps, "iteration_time_s": times, "plans": plans}
 
 
@@ -212,7 +212,7 @@ def scaling_data(req: SearchRequest, gpu_counts: Iterable[int], tokens: float | 
                                   + "; ".join(f"{n}: {why}" for n, why in skipped))
     heading = (f"{req.model.name} on {req.cluster.name} ({req.cluster.gpu.name}), global batch "
                f"{req.global_batch_size:,}" + (f", {tokens / 1e9:g}B tokens" if tokens else "") + "\n"
-               + _request_title(req).split("\n")[1])
+               + request_title(req).split("\n")[1])
     return {"kind": "scaling", "title": heading, "gpu": req.cluster.gpu.name, "tokens": tokens,
             "points": points, "skipped": skipped}
 

@@ -17,7 +17,7 @@ from typing import Any
 from simulator.describe import layout
 from simulator.errors import ConfigError
 from simulator.estimate import Estimate, simulate_job
-from simulator.figure_data import BREAKDOWN_PARTS, _request_title, pareto_front
+from simulator.figure_data import BREAKDOWN_PARTS, request_title, pareto_front
 from simulator.plan import Job
 from simulator.search import SearchRequest, SearchResult
 from simulator.units import gib
@@ -51,7 +51,7 @@ def page_data(result: SearchResult, req: SearchRequest, profile=None) -> dict[st
             simulated.append(_simulated(engine[plan], plan))
     plans = [[layout(s.plan), gib(s.peak_bytes), tokens / s.screen_time_s, mfu_seconds / s.screen_time_s,
               s.screen_time_s, index.get(s.plan, -1)] for s in result.screened]
-    return {"title": _request_title(req), "capacity_gib": gib(req.cluster.gpu.memory_bytes), "plans": plans,
+    return {"title": request_title(req), "capacity_gib": gib(req.cluster.gpu.memory_bytes), "plans": plans,
             "front": sorted(front, key=lambda i: result.screened[i].peak_bytes), "simulated": simulated,
             "best": 0, "parts": list(PART_LABELS),
             "summary": f"{result.enumerated:,} plans enumerated, {len(result.screened):,} fit in memory, "
@@ -113,7 +113,8 @@ function select(i) {
   const bars = D.parts.map((name, k) => ({type: "bar", orientation: "h", name: name, x: [s.parts[k]], y: [""],
     hovertemplate: `${name}: %{x:.3f} s<extra></extra>`}));
   Plotly.react("breakdown", bars, {barmode: "stack", title: {text: `Where the iteration goes: ${s.layout}`},
-    xaxis: {title: {text: "seconds per iteration (critical stage)"}}, legend: {orientation: "h", y: -0.5},
+    xaxis: {title: {text: "seconds per iteration (critical stage)"}},
+    legend: {orientation: "h", y: -0.5, traceorder: "normal"},
     margin: {t: 40}}, config);
 }
 document.getElementById("pareto").on("plotly_click", ev => {
