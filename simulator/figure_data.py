@@ -20,8 +20,18 @@ from simulator.plan import Job, ParallelPlan, RecomputeGranularity, RecomputeMet
 from simulator.search import MICRO_BATCH_SIZES, SearchRequest, SearchResult, search
 from simulator.units import gib
 
-BREAKDOWN_PARTS = ("compute_s", "tp_communication_s", "pipeline_bubble_s", "pipeline_transfer_s", "data_parallel_s",
-                   "optimizer_s")
+BREAKDOWN_LABELS = {"compute_s": "compute", "tp_communication_s": "TP communication (exposed)",
+                    "pipeline_bubble_s": "pipeline bubble", "pipeline_transfer_s": "pipeline transfers (exposed)",
+                    "data_parallel_s": "DP gradient reduction (exposed)", "optimizer_s": "optimizer step"}
+
+
+def breakdown_parts(est: Estimate) -> dict[str, float]:
+    """Every part of the estimate's breakdown (they sum to the iteration time), in the model's order."""
+    return est.breakdown.model_dump()
+
+
+def breakdown_label(part: str) -> str:
+    return BREAKDOWN_LABELS.get(part, part.removesuffix("_s").replace("_", " "))
 STREAM_CODES = {"compute": 0, "send_forward": 1, "send_backward": 2, "dp": 3}
 REPO = Path(__file__).resolve().parent.parent
 CPU_VALIDATION = REPO / "reports" / "cpu-validation"
@@ -166,7 +176,7 @@ def memory_breakdown_data(jobs: list[Job], heading: str) -> dict[str, Any]:
 def time_breakdown_data(entries: list[tuple[ParallelPlan, Estimate]], heading: str) -> dict[str, Any]:
     """Where each plan's iteration goes (the critical stage's breakdown), fastest first."""
     plans = [{"plan": short_layout(plan), "layout": layout(plan), "iteration_time_s": est.iteration_time_s,
-              "mfu": est.mfu, "parts": {k: getattr(est.breakdown, k) for k in BREAKDOWN_PARTS}}
+              "mfu": est.mfu, "parts": breakdown_parts(est)}
              for plan, est in entries]
     return {"kind": "time-breakdown", "title": heading, "plans": plans}
 

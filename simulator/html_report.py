@@ -17,19 +17,15 @@ from typing import Any
 from simulator.describe import layout
 from simulator.errors import ConfigError
 from simulator.estimate import Estimate, simulate_job
-from simulator.figure_data import BREAKDOWN_PARTS, request_title, pareto_front
+from simulator.figure_data import breakdown_label, breakdown_parts, pareto_front, request_title
 from simulator.plan import Job
 from simulator.search import SearchRequest, SearchResult
 from simulator.units import gib
 
-PART_LABELS = ("compute", "TP communication (exposed)", "pipeline bubble", "pipeline transfers (exposed)",
-               "DP gradient reduction (exposed)", "optimizer step")
-
-
 def _simulated(est: Estimate, plan) -> dict[str, Any]:
     return {"layout": layout(plan), "iteration_time_s": est.iteration_time_s, "mfu": est.mfu,
             "peak_gib": gib(est.memory.peak_bytes), "tokens_per_s": est.tokens_per_s,
-            "parts": [getattr(est.breakdown, k) for k in BREAKDOWN_PARTS]}
+            "parts": list(breakdown_parts(est).values())}
 
 
 def page_data(result: SearchResult, req: SearchRequest, profile=None) -> dict[str, Any]:
@@ -53,7 +49,7 @@ def page_data(result: SearchResult, req: SearchRequest, profile=None) -> dict[st
               s.screen_time_s, index.get(s.plan, -1)] for s in result.screened]
     return {"title": request_title(req), "capacity_gib": gib(req.cluster.gpu.memory_bytes), "plans": plans,
             "front": sorted(front, key=lambda i: result.screened[i].peak_bytes), "simulated": simulated,
-            "best": 0, "parts": list(PART_LABELS),
+            "best": 0, "parts": [breakdown_label(k) for k in breakdown_parts(best)],
             "summary": f"{result.enumerated:,} plans enumerated, {len(result.screened):,} fit in memory, "
                        f"{len(simulated)} simulated by the engine"}
 

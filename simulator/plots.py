@@ -14,9 +14,6 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-BREAKDOWN_LABELS = {"compute_s": "compute", "tp_communication_s": "TP communication (exposed)",
-                    "pipeline_bubble_s": "pipeline bubble", "pipeline_transfer_s": "pipeline transfers (exposed)",
-                    "data_parallel_s": "DP gradient reduction (exposed)", "optimizer_s": "optimizer step"}
 TIMELINE_STYLE = {  # kind -> (colour, legend label, row offset, row height)
     "forward": ("#8fb3e0", "forward", 0.0, 0.55),
     "backward": ("#1f4e8c", "backward (recompute included)", 0.0, 0.55),
@@ -258,7 +255,10 @@ def time_breakdown_figure(data: dict, path: Path) -> dict[str, Any]:
     plans = data["plans"]
     fig, ax = plt.subplots(figsize=(8.0, 0.45 * len(plans) + 1.8))
     left = [0.0] * len(plans)
-    for key, label in BREAKDOWN_LABELS.items():
+    from simulator.figure_data import breakdown_label
+
+    for key in plans[0]["parts"]:
+        label = breakdown_label(key)
         values = [q["parts"][key] for q in plans]
         ax.barh(range(len(plans)), values, left=left, label=label)
         left = [a + b for a, b in zip(left, values)]

@@ -136,8 +136,17 @@ class _Writer:
 
 def _expand_step(w: _Writer, parts: list[_Part], iv: Interval, start: int, end: int, mb: int, detail: bool,
                  activation_bytes: int) -> None:
-    """The step's ops under it (all of them when ``detail``, else the TP collectives), clamped to [start, end]."""
+    """The step's ops under it (all of them when ``detail``, else the TP collectives), clamped to [start, end].
+
+    Where the step lasts longer than its parts' device time (a cost model with host overhead: the
+    device waiting for the CPU to issue work), the difference is one slice after the ops.
+    """
     offset = iv.start_s
+    if detail:
+        device = ns(iv.start_s + sum(part.timeline.duration_s for part in parts))
+        if end > device:
+            w.slice(iv.stage, "compute", "waiting for the host (issue and launch)", max(device, start), end, "host",
+                    {"micro_batch": mb, "idle_s": (end - max(device, start)) / NS_PER_S})
     for part in parts:
         for op_iv in part.timeline.intervals:
             comm = op_iv.stream is Stream.tp_comm
@@ -218,9 +227,12 @@ def trace_events(sim: Simulation, job: Job, detail: Iterable[int] = (0,)) -> lis
 
     # sends of one link (stage, direction) leave in the order the stage's steps produce them
     sends: dict[tuple[int, str, int], deque] = defaultdict(deque)
+    dp_slices: dict[tuple[int, str], int] = defaultdict(int)
     for iv in sim.engine.intervals:
         if iv.stream.startswith("send_"):
             sends[(iv.stage, iv.stream, int(iv.name.rsplit("mb", 1)[1]))].append(iv)
+        elif iv.stream == "dp":
+            dp_slices[(iv.stage, iv.name.split("chunk ")[1].split()[0] if "chunk " in iv.name else "")] += 1
     steps_of: dict[int, list[_StepSlice]] = defaultdict(list)
     by_key: dict[tuple[Phase, int, int, int], _StepSlice] = {}
     flows: list[tuple[int, int, int, tuple]] = []  # (stage, thread, send start, receiver key)
@@ -233,11 +245,11 @@ def trace_events(sim: Simulation, job: Job, detail: Iterable[int] = (0,)) -> lis
         live = 0
         for iv in (x for x in sim.engine.intervals if x.stage == stage and not x.stream.startswith("send_")):
             start, end = ns(iv.start_s), ns(iv.end_s)
-            if iv.stream == "dp":
-                params = stage_parameters(job, stage)
+            if iv.stream == "dp":  # a chunk's fp32 gradients, in as many slices as it has buckets
+                chunk = iv.name.split("chunk ")[1].split()[0] if "chunk " in iv.name else ""
                 w.slice(stage, "dp", iv.name, start, end, "dp",
-                        {"bytes": params // v * 4, "collective": grad_kind.value,
-                         "data_parallel_size": plan.data_parallel_size})
+                        {"bytes": stage_parameters(job, stage) // v * 4 // dp_slices[(stage, chunk)],
+                         "collective": grad_kind.value, "data_parallel_size": plan.data_parallel_size})
                 continue
             if iv.step is None:  # the optimizer step
                 optimizer_start[stage] = start

@@ -13,7 +13,8 @@ from simulator.estimate import simulate_job
 from simulator.hardware import load_cluster
 from simulator.memory import memory_plan
 from simulator.model import PRESETS
-from simulator.plots import BREAKDOWN_LABELS, TIMELINE_STYLE, draw
+from simulator.figure_data import breakdown_label
+from simulator.plots import TIMELINE_STYLE, draw
 from simulator.search import SearchPins, SearchRequest, search
 from simulator.units import GIB
 
@@ -131,7 +132,7 @@ def test_time_breakdown_parts_sum_to_each_plans_iteration(tmp_path, searched):
     data = fd.search_time_breakdown_data(result, req)
     ax = draw("time-breakdown", data, tmp_path / "tb.png")["axes"][0]
     _says_what_it_is(ax["title"])
-    assert ax["legend"] == list(BREAKDOWN_LABELS.values())
+    assert ax["legend"] == [breakdown_label(k) for k in result.best.estimate.breakdown.model_dump()]
     assert len(data["plans"]) == len(result.plans) == 4
     for q, r in zip(data["plans"], result.plans):
         assert sum(q["parts"].values()) == pytest.approx(r.estimate.iteration_time_s, rel=1e-9)
