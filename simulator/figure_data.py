@@ -268,8 +268,28 @@ def _parity_data(profile, cpu_validation: Path) -> dict[str, Any]:
     sets.append({"name": "Figure 1: memory per GPU", "unit": "GiB", "source": korth, "tolerance": None,
                  "points": _comparisons((c.label, c.predicted, c.published) for c in k.figure1())})
     sets += _cpu_sets(cpu_validation)
+    sets += _registry_sets(profile, covered={"korthikanti2022"})
     return {"kind": "parity", "title": "Predicted vs measured: every validation data set in the repository",
             "sets": sets}
+
+
+def _registry_sets(profile, covered: set[str]) -> list[dict[str, Any]]:
+    """The measured iteration times of every data set declared in ``simulator.datasets`` (where the
+    repository has that registry) that the panels above do not already draw, each with its role
+    (checked, fitted or held out) in its source line."""
+    try:
+        from simulator import datasets
+    except ImportError:
+        return []
+    out = []
+    for ds in datasets.REGISTRY:
+        if ds.key in covered:
+            continue
+        rows = datasets.evaluate(ds, profile).rows
+        out.append({"name": ds.title.split(" (")[0], "unit": "s", "tolerance": None,
+                    "source": f"{ds.title}: {ds.role.value}" + (f" ({', '.join(ds.fitted)})" if ds.fitted else ""),
+                    "points": _comparisons((r.label, r.predicted_s, r.measured_s) for r in rows)})
+    return out
 
 
 def _cpu_sets(folder: Path) -> list[dict[str, Any]]:

@@ -190,6 +190,33 @@ def test_parity_has_a_panel_for_every_validation_data_set(tmp_path):
     assert all(p == m for _, p, m in cpu["points"])
 
 
+def test_parity_draws_every_data_set_a_registry_declares(monkeypatch):
+    """Where the repository declares its measured data sets in ``simulator.datasets``, each set the
+    Korthikanti panels do not already draw gets a panel of its own."""
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    @dataclass
+    class Row:
+        label: str
+        predicted_s: float
+        measured_s: float
+
+    class Role:
+        value = "held-out"
+
+    fake = types.ModuleType("simulator.datasets")
+    fake.REGISTRY = (types.SimpleNamespace(key="korthikanti2022", title="already drawn", fitted=(), role=Role()),
+                     types.SimpleNamespace(key="runs", title="Some runs (8 GPUs)", fitted=(), role=Role()))
+    fake.evaluate = lambda ds, profile=None: types.SimpleNamespace(rows=(Row("a", 1.1, 1.0), Row("b", 1.9, 2.0)))
+    monkeypatch.setitem(sys.modules, "simulator.datasets", fake)
+    sets = fd._parity_data.__wrapped__(None, fd.CPU_VALIDATION)["sets"]
+    assert [s["name"] for s in sets].count("Some runs") == 1 and "already drawn" not in [s["name"] for s in sets]
+    extra = next(s for s in sets if s["name"] == "Some runs")
+    assert extra["points"] == [["a", 1.1, 1.0], ["b", 1.9, 2.0]] and "held-out" in extra["source"]
+
+
 def test_every_kind_is_drawable_from_a_plan_or_a_search():
     assert set(figures.KINDS) == set(figures.PLAN_KINDS) | set(figures.SEARCH_KINDS) | {"parity"}
     assert set(figures.KINDS) == set(__import__("simulator.plots", fromlist=["FIGURES"]).FIGURES)
