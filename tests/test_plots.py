@@ -211,6 +211,7 @@ def test_parity_draws_every_data_set_a_registry_declares(monkeypatch):
                      types.SimpleNamespace(key="runs", title="Some runs (8 GPUs)", fitted=(), role=Role()))
     fake.evaluate = lambda ds, profile=None: types.SimpleNamespace(rows=(Row("a", 1.1, 1.0), Row("b", 1.9, 2.0)))
     monkeypatch.setitem(sys.modules, "simulator.datasets", fake)
+    monkeypatch.setattr(sys.modules["simulator"], "datasets", fake, raising=False)  # where the real one loaded
     sets = fd._parity_data.__wrapped__(None, fd.CPU_VALIDATION)["sets"]
     assert [s["name"] for s in sets].count("Some runs") == 1 and "already drawn" not in [s["name"] for s in sets]
     extra = next(s for s in sets if s["name"] == "Some runs")
