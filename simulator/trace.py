@@ -5,7 +5,8 @@ pipeline sends in each direction and the data-parallel reduction. Each pipeline 
 on the compute thread; its tensor-parallel collectives are slices on the communication thread for
 every micro-batch, and the steps of the micro-batches in ``detail`` (micro-batch 0 by default) are
 also expanded into every op (GEMMs, attention, memory-bound kernels) under the step. The idle
-gaps of the compute stream are slices too, named ("pipeline bubble", ...). A flow arrow joins
+gaps of the compute stream are slices too, named ("pipeline bubble", ...), and so is the part of
+a detailed step beyond its layers' device time (a cost model with host overhead). A flow arrow joins
 each send to the step that receives it, and a counter track per stage follows its memory:
 weights, gradients and optimizer state, plus the activations of the micro-batches in flight.
 
