@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test clean
+.PHONY: demo test clean chromium
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,21 @@ demo: $(STAMP)
 		--tokens 300e9 --pareto out/pareto_gpt3_175b.png --trace out/best_plan_trace.json
 	$(BIN)/simulator report --out out/report
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest -q
+
+# The HTML report's test renders the page in headless Chromium. Install Debian's package where we
+# can (root with apt-get); anywhere else, or if the install fails, that one test is skipped.
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium for the HTML report's browser test"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		{ timeout 900 apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || \
+		  { timeout 600 apt-get update >/dev/null 2>&1 && \
+		    timeout 900 apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; }; } || \
+		echo "could not install chromium: the HTML report's browser test will be skipped"; \
+	else echo "no chromium (and no root apt-get to install it): the HTML report's browser test will be skipped"; fi
 
 clean:
 	rm -rf build dist *.egg-info

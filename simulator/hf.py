@@ -20,18 +20,31 @@ Three families are understood, each by the keys its ``transformers`` config clas
 The sequence length is the config's maximum positions unless the caller gives one. A vocabulary
 that is not a multiple of 128 is padded up to one, as Megatron's ``--make-vocab-size-divisible-by
 128`` does (GPT-2's 50,257 becomes 50,304), so that any tensor-parallel size up to 128 divides it.
+
+Each approximation above that applies to a config, the padding, and a sequence length taken from
+more than 8,192 declared positions (long-context models are pre-trained shorter) is issued as an
+``ImportNote`` warning when the config is read: Python prints it, and the CLI shows it under its
+header and in its JSON (``notes``).
 """
 
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from simulator._io import build, read_mapping
 from simulator.errors import ConfigError
 from simulator.model import ModelSpec, Normalization, PositionEmbedding
 
 VOCAB_DIVISOR = 128  # Megatron's default --make-vocab-size-divisible-by
+# Declared positions past this are a long-context stage's, not the pre-training sequence (Llama 3: 8,192).
+LONG_CONTEXT_TOKENS = 8192
+
+
+class ImportNote(UserWarning):
+    """An approximation or a choice made while reading a Hugging Face config (printed, never silent)."""
 
 # architecture (the config's "architectures" entry) -> model_type, for the families understood here
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
@@ -164,19 +177,82 @@ def _name(data: Mapping[str, Any], path: Path) -> str:
     return path.stem
 
 
+def _fraction(data: Mapping[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def import_notes(data: Mapping[str, Any], fields: Mapping[str, Any], *, seq_length: int | None = None) -> list[str]:
+    """What reading ``data`` into ``fields`` approximated or chose, one sentence each."""
+    family = _model_type(data, "config")
+    notes = []
+    declared = fields["seq_length"]
+    if seq_length is None and declared > LONG_CONTEXT_TOKENS:
+        notes.append(f"sequence length {declared:,} taken from the declared maximum positions; long-context models "
+                     f"are usually pre-trained at {LONG_CONTEXT_TOKENS:,} or fewer, so pass --seq-length to simulate "
+                     "the length you train at")
+    if family == "gpt_neox":
+        if data.get("use_parallel_residual", True) is not False:
+            notes.append("parallel residual (attention and MLP both read the layer input) simulated as the "
+                         "sequential residual of Megatron's GPT: same FLOPs, weights and saved activations")
+        rotary = _fraction(data, "rotary_pct")
+        if rotary is not None and rotary < 1:
+            notes.append(f"partial rotary embedding (rotary_pct={rotary:g}) costed as a full one")
+    rotary = _fraction(data, "partial_rotary_factor")
+    if family != "gpt_neox" and rotary is not None and rotary < 1:
+        notes.append(f"partial rotary embedding (partial_rotary_factor={rotary:g}) costed as a full one")
+    window = data.get("sliding_window")
+    uses_window = data.get("use_sliding_window", family == "mistral") is True
+    seq = seq_length if seq_length is not None else declared
+    if uses_window and isinstance(window, int) and not isinstance(window, bool) and 0 < window < seq:
+        notes.append(f"sliding-window attention (window {window:,} tokens) not modelled: attention is costed as "
+                     f"full causal attention over all {seq:,} tokens, which overstates its time")
+    if family == "qwen2":
+        notes.append("Qwen2's query/key/value biases left out (one bias switch for every linear layer)")
+    if family in ("llama", "mistral") and fields.get("add_bias_linear"):
+        notes.append("attention_bias/mlp_bias turns biases on for every linear layer")
+    vocab = data.get("vocab_size")
+    if isinstance(vocab, int) and fields["vocab_size"] != vocab:
+        notes.append(f"vocabulary {vocab:,} padded to {fields['vocab_size']:,} (a multiple of {VOCAB_DIVISOR}, "
+                     "as Megatron's --make-vocab-size-divisible-by does)")
+    return notes
+
+
 def model_from_hf_config(data: Mapping[str, Any], path: str | Path, *, seq_length: int | None = None) -> ModelSpec:
-    """The ``ModelSpec`` of an already-parsed Hugging Face config; ``path`` is only for names and messages."""
+    """The ``ModelSpec`` of an already-parsed Hugging Face config; ``path`` is only for names and messages.
+
+    Every approximation made (see the module docstring) is issued as an ``ImportNote`` warning.
+    """
     path = Path(path)
     where = repr(str(path))
     fields = _FAMILIES[_model_type(data, where)](_Config(data, where))
     fields["vocab_size"] = _pad_vocab(fields["vocab_size"])
+    notes = import_notes(data, fields, seq_length=seq_length)
     if seq_length is not None:
         fields["seq_length"] = seq_length
     fields["name"] = _name(data, path)
     try:
-        return build(ModelSpec, fields, f"Hugging Face config {where}")
+        model = build(ModelSpec, fields, f"Hugging Face config {where}")
     except ConfigError as exc:
         raise ConfigError(f"Hugging Face config {where}: {exc}") from None
+    for note in notes:
+        warnings.warn(f"{model.name}: {note}", ImportNote, stacklevel=2)
+    return model
+
+
+@contextmanager
+def collected_notes() -> Iterator[list[str]]:
+    """Collect the ``ImportNote`` warnings issued inside the block (the list fills when it ends); other
+    warnings pass through as usual."""
+    notes: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ImportNote)
+        yield notes
+    for w in caught:
+        if issubclass(w.category, ImportNote):
+            notes.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def load_hf_config(path: str | Path, *, seq_length: int | None = None) -> ModelSpec:

@@ -142,13 +142,13 @@ def load_model(name_or_path: str, seq_length: int | None = None) -> ModelSpec:
     """A preset by name, a YAML/JSON file of ``ModelSpec`` fields, or a Hugging Face ``config.json``;
     ``seq_length`` overrides the sequence length (Megatron's --seq-length), e.g. a long-context
     config's 131,072 positions when training at 8,192."""
-    model = _load_model(name_or_path)
+    model = _load_model(name_or_path, seq_length)
     if seq_length is None or seq_length == model.seq_length:
         return model
     return build(ModelSpec, {**model.model_dump(), "seq_length": seq_length}, f"model {model.name!r}")
 
 
-def _load_model(name_or_path: str) -> ModelSpec:
+def _load_model(name_or_path: str, seq_length: int | None = None) -> ModelSpec:
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
     path = Path(name_or_path)
@@ -157,7 +157,7 @@ def _load_model(name_or_path: str) -> ModelSpec:
         if "architectures" in data or "model_type" in data:  # a Hugging Face config.json
             from simulator.hf import model_from_hf_config
 
-            return model_from_hf_config(data, path)
+            return model_from_hf_config(data, path, seq_length=seq_length)  # its notes depend on it
         data.setdefault("name", path.stem)
         return build(ModelSpec, data, f"model file {str(path)!r}")
     raise ConfigError(

@@ -4,6 +4,10 @@ Every number in the Markdown is computed here, from the published profile and th
 tables in calibration/published/; every figure's plotted data is also written as JSON beside
 it (reports/data/), so a test can check that a fresh run reproduces the committed report
 without depending on the PNG encoder. Nothing in the output carries a timestamp.
+
+The report is a list of steps (``simulator.report_cache.Step``): each is recomputed only when
+something that produces it changed, and each figure is redrawn only when its data or the drawing
+code did (``simulator report`` keeps that cache under OUT/.cache).
 """
 
 from __future__ import annotations
@@ -11,18 +15,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from simulator import korthikanti as k
 from simulator.estimate import Estimate, estimate, simulate_job
 from simulator.hardware import load_cluster
 from simulator.layers import transformer_layer
-from simulator.memory import memory_plan
 from simulator.model import PRESETS
 from simulator.plan import Job, ParallelPlan, RecomputeGranularity, RecomputePolicy
+from simulator.report_cache import ReportCache, Step
 from simulator.search import SearchPins, SearchRequest, SearchResult, search
-from simulator.trust import registry_section
 from simulator.timing import layer_times
-from simulator.units import gib
+from simulator.trust import registry_section
 
 TOKENS = 300e9
 ARTICLE_SPACE = SearchPins(virtual_pipeline_stages=1, use_distributed_optimizer=False)
@@ -49,6 +53,7 @@ SCENARIOS = (
     Scenario("megatron-1t", 3072, 3072, 64, "Narayanan et al. 2021: 384 DGX A100, global batch 3,072"),
 )
 GPU_COUNTS = (128, 256, 512, 1024, 2048, 4096)
+TOP_PLANS = 5  # the full space's plans the engine ranks (their time breakdowns are a figure)
 
 
 def _pct(x: float) -> str:
@@ -72,11 +77,14 @@ def standard_plan(s: Scenario) -> ParallelPlan:
                         attention_backend=k.ATTENTION)
 
 
+def search_request(s: Scenario, pins: SearchPins = SearchPins()) -> SearchRequest:
+    """The article's 2022 question, answered with the attention Megatron ran then (no flash attention)."""
+    return SearchRequest(model=PRESETS[s.model], cluster=load_cluster(k.CLUSTER), num_gpus=s.gpus,
+                         global_batch_size=s.global_batch_size, pins=pins, use_flash_attention=False)
+
+
 def _search(s: Scenario, pins: SearchPins, top: int = 1) -> SearchResult:
-    # the article's 2022 question, answered with the attention Megatron ran then
-    req = SearchRequest(model=PRESETS[s.model], cluster=load_cluster(k.CLUSTER), num_gpus=s.gpus,
-                        global_batch_size=s.global_batch_size, pins=pins, use_flash_attention=False)
-    return search(req, tokens=TOKENS, top=top)
+    return search(search_request(s, pins), tokens=TOKENS, top=top)
 
 
 @dataclass
@@ -100,7 +108,8 @@ class Decomposition:
 def decompose(s: Scenario) -> Decomposition:
     plan = standard_plan(s)
     std = estimate(Job(model=PRESETS[s.model], cluster=load_cluster(k.CLUSTER), plan=plan), tokens=TOKENS)
-    return Decomposition(s, std, plan, _search(s, SEARCH_ALONE), _search(s, ARTICLE_SPACE), _search(s, SearchPins()))
+    return Decomposition(s, std, plan, _search(s, SEARCH_ALONE), _search(s, ARTICLE_SPACE),
+                         _search(s, SearchPins(), top=TOP_PLANS))
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -147,6 +156,12 @@ def _headline(decs: list[Decomposition]) -> tuple[list[str], dict]:
         f"{len(d.full_space.screened)} screened in closed form, {d.full_space.simulated} simulated.",
         "",
         "![throughput vs memory](figures/pareto_gpt3_175b.png)",
+        "",
+        f"Where the iteration of each of the full space's {len(d.full_space.plans)} fastest plans goes (the engine's "
+        "breakdown of its critical stage), and the engine's time of the fastest plan of each TP x PP pair:",
+        "",
+        "![time breakdown of the top plans](figures/time_breakdown_top_plans.png)",
+        "![iteration time by TP and PP](figures/tp_pp_heatmap.png)",
         "",
     ]
     data = {"standard_days": d.standard.training_days, "search_alone_days": d.search_alone.best.estimate.training_days,
@@ -295,87 +310,102 @@ def _claims() -> tuple[list[str], dict]:
     return lines, data
 
 
-def _memory_section(figdir: Path) -> tuple[list[str], dict]:
-    from simulator.plots import memory_breakdown_figure
+# --- the report as steps ---------------------------------------------------------------------------
+# Each step returns {"lines": its Markdown, "data": {report.json key: value}, "figures": [[file stem,
+# figure kind, figure data], ...]} (and what later steps read); README.md is the steps' lines in
+# README_ORDER.
 
-    strategies = (("no recompute", False, "none"), ("SP", True, "none"), ("selective", False, "selective"),
-                  ("SP + selective", True, "selective"), ("full", False, "full"))
-    data: dict = {}
-    for name in ("megatron-22b", "gpt3-175b", "mt-nlg-530b", "megatron-1t"):
-        row = next(r for r in k.table5_rows() if r["model"]["params_b"] == {"megatron-22b": 22, "gpt3-175b": 175,
-                                                                            "mt-nlg-530b": 530, "megatron-1t": 1000}[name])
-        data[name] = {}
-        for label, sp, g in strategies:
-            base = k.table5_job(row)
-            plan = base.plan.model_copy(update={"sequence_parallel": sp, "recompute": RecomputePolicy(granularity=g)})
-            mem = memory_plan(Job(model=base.model, cluster=base.cluster, plan=plan))
-            st = mem.stages[0]
-            data[name][label] = {"weights+grads+optimizer": gib(st.weights_bytes + st.gradients_bytes + st.optimizer_bytes),
-                                 "activations": gib(st.activations_bytes), "transient+reserve": gib(st.transient_bytes + st.reserve_bytes)}
-    memory_breakdown_figure(data, 80, figdir / "memory_breakdown.png")
-    lines = ["## 4. Memory per GPU by strategy (first pipeline stage, Table 3 configurations)", "",
-             "![memory breakdown](figures/memory_breakdown.png)", ""]
-    rows = [[name, label, f"{v['weights+grads+optimizer']:.1f}", f"{v['activations']:.1f}",
-             f"{sum(v.values()):.1f}"] for name, d in data.items() for label, v in d.items()]
-    lines += _table(["model", "strategy", "weights+grads+optimizer (GiB)", "activations (GiB)", "peak (GiB)"], rows)
-    lines.append("")
-    return lines, data
+README_ORDER = ("decomposition", "search_figures", "validation", "figure8", "figures_1_7", "parity", "claims", "memory",
+                "timeline", "scaling", "trust")
 
 
-def _scaling(figdir: Path) -> tuple[list[str], dict]:
-    from simulator.plots import days_vs_gpus_figure
-
-    model = PRESETS["gpt3-175b"]
-    points = []
-    for n in GPU_COUNTS:
-        s = Scenario("gpt3-175b", n, 1536, 16, "")
-        best = _search(s, ARTICLE_SPACE).best
-        points.append((n, best.estimate.training_days, _describe(best.plan), best.estimate.mfu))
-    days_vs_gpus_figure([(n, d) for n, d, _, _ in points], model.name, figdir / "days_vs_gpus.png")
-    lines = ["## 6. Training days vs GPU count (GPT-3 175B, 300B tokens, global batch 1,536, best plan at each size)", "",
-             "![days vs GPUs](figures/days_vs_gpus.png)", ""]
-    lines += _table(["A100 GPUs", "days", "MFU", "best plan"], [[f"{n:,}", f"{d:.1f}", f"{m * 100:.1f}%", p] for n, d, p, m in points])
-    lines.append("")
-    return lines, {str(n): d for n, d, _, _ in points}
-
-
-def generate(out: Path) -> dict:
-    """Write reports/README.md, its figures and their data; return the data."""
-    from simulator.plots import gantt_figure, pareto_figure
-
-    figdir = out / "figures"
-    figdir.mkdir(parents=True, exist_ok=True)
+def _step_decomposition(_: dict) -> dict:
     decs = [decompose(s) for s in SCENARIOS]
     head, head_data = _headline(decs)
     d0 = decs[0]
-    pareto_figure(d0.full_space, d0.full_space.best.estimate.memory.capacity_bytes,
-                  "GPT-3 175B, 1,024 x A100-80GB, global batch 1,536", figdir / "pareto_gpt3_175b.png")
-    f8, f8_data = _figure8()
-    val, val_data = _validation(sp_backward_gap=f8_data.pop("sp_backward_gap"))
-    figs, figs_data = _figures_1_and_7()
-    claims, claims_data = _claims()
-    mem, mem_data = _memory_section(figdir)
-    best_job = Job(model=PRESETS["gpt3-175b"], cluster=load_cluster(k.CLUSTER), plan=d0.article_best.best.plan)
-    sim = simulate_job(best_job, record=True)
-    gantt_figure(sim.engine.intervals, best_job.plan.pipeline_parallel_size, figdir / "pipeline_timeline.png")
-    gantt = ["## 5. One iteration of the best plan, as the engine played it", "",
-             f"{_describe(best_job.plan)}: {sim.estimate.iteration_time_s:.2f} s. Each row is a pipeline stage's "
-             "compute stream (forward light, backward dark), with its sends and the data-parallel reduction. "
-             f"`simulator plan ... --trace FILE` writes the same iteration as a Perfetto trace.", "",
-             "![pipeline timeline](figures/pipeline_timeline.png)", ""]
-    scale, scale_data = _scaling(figdir)
-    trust, trust_data = registry_section(best_job, d0.article_best.best.estimate.training_days)
+    return {"lines": head + _decomposition_table(decs),
+            "data": {"headline": head_data,
+                     "decomposition": {d.scenario.model: [d.standard.training_days,
+                                                          d.search_alone.best.estimate.training_days,
+                                                          d.article_best.best.estimate.training_days] for d in decs}},
+            "full_space": d0.full_space.model_dump(mode="json"),
+            "article_best_plan": d0.article_best.best.plan.model_dump(mode="json")}
+
+
+def _lines_step(function: Callable[[], tuple[list[str], dict]], key: str) -> Callable[[dict], dict]:
+    def step(_: dict) -> dict:
+        lines, data = function()
+        return {"lines": lines, "data": {key: data}}
+
+    return step
+
+
+def _step_trust(deps: dict) -> dict:
+    decomposition = deps["decomposition"]
+    plan = ParallelPlan.model_validate(decomposition["article_best_plan"])
+    job = Job(model=PRESETS["gpt3-175b"], cluster=load_cluster(k.CLUSTER), plan=plan)
+    lines, data = registry_section(job, decomposition["data"]["headline"]["best_days"])
+    return {"lines": lines, "data": {"trust": data}}
+
+
+def _step_validation(deps: dict) -> dict:
+    lines, data = _validation(sp_backward_gap=deps["figure8"]["data"]["figure8"]["sp_backward_gap"])
+    return {"lines": lines, "data": {"validation": data}}
+
+
+def steps(html: bool = False) -> list[Step]:
+    """The report's steps, each after the steps it reads."""
+    from simulator import report_figures as rf
+
+    scenarios = [[s.model, s.gpus, s.global_batch_size, s.standard_pp] for s in SCENARIOS]
+    out = [
+        Step("decomposition", _step_decomposition, params=[scenarios, TOP_PLANS, TOKENS]),
+        Step("search_figures", rf.step_search_figures, deps=("decomposition",)),
+        Step("figure8", _lines_step(_figure8, "figure8")),
+        Step("validation", _step_validation, deps=("figure8",)),
+        Step("figures_1_7", _lines_step(_figures_1_and_7, "figures_1_7")),
+        Step("parity", rf.step_parity),
+        Step("claims", _lines_step(_claims, "claims")),
+        Step("memory", rf.step_memory, deps=("decomposition",)),
+        Step("timeline", rf.step_timeline, deps=("decomposition",)),
+        Step("scaling", rf.step_scaling, params=[list(GPU_COUNTS), TOKENS]),
+        Step("trust", _step_trust, deps=("decomposition",)),
+    ]
+    if html:
+        out.append(Step("html", rf.step_html, deps=("decomposition",)))
+    return out
+
+
+def generate(out: Path, progress: Callable[[str, bool, int, int], None] | None = None, html: bool = False,
+             cache: ReportCache | None = None) -> dict:
+    """Write README.md, figures/ and data/report.json into ``out`` (and report.html with ``html``);
+    return the data. ``cache`` defaults to one under ``out/.cache``; ``progress(step, cached, done,
+    total)`` is called as each step starts, then as each figure ("figure NAME") is drawn."""
+    out = Path(out)
+    cache = cache if cache is not None else ReportCache(out / ".cache")
+    results = cache.run(steps(html), progress)
+    figures: dict[str, Any] = {}
+    todo = [f for name in README_ORDER for f in results[name].get("figures", [])]
+    for i, (stem, kind, figure) in enumerate(todo, 1):
+        if progress is not None:
+            progress(f"figure {stem}", cache.has_figure(stem, kind, figure), i, len(todo))
+        figures[stem] = cache.figure(stem, kind, figure, out / "figures" / f"{stem}.png")
     text = ["# Reports: GPT training plans on DGX A100, reproduced from first principles", "",
             f"Regenerate with `{COMMAND}` (every number below is computed by the simulator from "
             "`hardware_specs/`, `calibration/profiles/a100-sxm4-80gb-published.json` and the published tables in "
-            "`calibration/published/`; none is typed in).", ""]
-    text += head + _decomposition_table(decs) + val + f8 + figs + claims + mem + gantt + scale + trust
+            "`calibration/published/`; none is typed in). Every A100 plan and validation row is at sequence 2,048 in bf16 "
+            "with Megatron's unfused attention, as Korthikanti et al. ran them.", ""]
+    data: dict[str, Any] = {}
+    for name in README_ORDER:
+        text += results[name]["lines"]
+        data.update(results[name].get("data", {}))
+    data["figure8"] = {k2: v for k2, v in data["figure8"].items() if k2 != "sp_backward_gap"}
+    data["figures"] = figures
     (out / "README.md").write_text("\n".join(text) + "\n")
-    data = {"headline": head_data, "validation": val_data, "figure8": f8_data, "figures_1_7": figs_data,
-            "claims": claims_data,
-            "memory": mem_data, "scaling": scale_data, "trust": trust_data,
-            "decomposition": {d.scenario.model: [d.standard.training_days, d.search_alone.best.estimate.training_days,
-                                                 d.article_best.best.estimate.training_days] for d in decs}}
-    (out / "data").mkdir(exist_ok=True)
+    (out / "data").mkdir(parents=True, exist_ok=True)
     (out / "data" / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    if html:
+        from simulator.html_report import write_html
+
+        write_html(results["html"]["page"], out / "report.html")
     return data

@@ -189,3 +189,41 @@ def test_any_corruption_is_a_config_error_or_a_valid_model(corruption):
         assert "'config.json'" in str(exc)
     else:
         assert m.num_parameters() > 0
+
+
+def _notes(tmp_path, data, **kwargs) -> list[str]:
+    from simulator.hf import collected_notes
+
+    with collected_notes() as notes:
+        load_hf_config(write(tmp_path, data), **kwargs)
+    return notes
+
+
+def test_approximations_are_issued_as_notes(tmp_path):
+    pythia = _notes(tmp_path, PYTHIA_160M)
+    assert any("parallel residual" in n for n in pythia) and any("rotary_pct=0.25" in n for n in pythia)
+    qwen = _notes(tmp_path, QWEN2_05B, seq_length=4096)
+    assert any("query/key/value biases" in n for n in qwen)
+    assert not any("sliding" in n for n in qwen)  # Qwen2 declares a window but does not use it
+    assert any("50,257 padded to 50,304" in n for n in _notes(tmp_path, GPT2))
+    assert _notes(tmp_path, LLAMA3_8B) == []  # nothing approximated, and 8,192 is a pre-training length
+
+
+def test_a_long_declared_context_says_which_length_it_used(tmp_path):
+    notes = _notes(tmp_path, MISTRAL_7B)
+    assert any("sequence length 32,768" in n and "--seq-length" in n for n in notes)
+    assert any("sliding-window attention (window 4,096 tokens)" in n and "32,768 tokens" in n for n in notes)
+    # a chosen length is not second-guessed, and a window as long as the sequence changes nothing
+    assert _notes(tmp_path, MISTRAL_7B, seq_length=4096) == []
+    with pytest.warns(UserWarning, match="sequence length 32,768"):
+        load_model(str(write(tmp_path, MISTRAL_7B)))
+
+
+def test_load_model_passes_the_sequence_length_to_the_config_reader(tmp_path):
+    from simulator.hf import collected_notes
+
+    with collected_notes() as notes:
+        model = load_model(str(write(tmp_path, MISTRAL_7B)), seq_length=8192)
+    assert model.seq_length == 8192
+    assert not any("sequence length" in n for n in notes)
+    assert any("all 8,192 tokens" in n for n in notes)

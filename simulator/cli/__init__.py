@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "plan": "simulator.cli.plan_cmd:plan_command",
     "search": "simulator.cli.search_cmd:search_command",
     "report": "simulator.cli.report_cmd:report_command",
+    "plot": "simulator.cli.plot_cmd:plot_command",
     "reference": "simulator.cli.reference_cmd:reference",
     "validate": "simulator.cli.validate_cmd:validate_cmd",
     "calibrate": "simulator.cli.calibrate_cmd:calibrate_command",

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from simulator.cli.options import job_from_options, plan_options
+from simulator.describe import settings_json
 from simulator.memory import MemoryPlan, memory_plan
 from simulator.plan import Job
 from simulator.units import format_gib, text_table
@@ -27,6 +28,7 @@ def describe_job(job: Job) -> str:
         f"recompute {p.recompute.granularity.value}"
         + (f"/{p.recompute.method.value}/{p.recompute.num_layers}" if p.recompute.granularity.value == "full" else ""),
         p.precision.value + (", distributed optimizer" if p.use_distributed_optimizer else ""),
+        f"sequence {job.model.seq_length:,}, {'flash' if p.use_flash_attention else 'unfused'} attention",
     ]
     return "; ".join(parts)
 
@@ -50,6 +52,7 @@ def to_json(job: Job, plan: MemoryPlan) -> dict[str, Any]:
         "cluster": job.cluster.name,
         "num_gpus": job.num_gpus,
         "plan": job.plan.model_dump(mode="json"),
+        **settings_json(job.model, job.plan),
         **plan.model_dump(mode="json"),
     }
 
@@ -68,12 +71,17 @@ Examples:
 @plan_options
 def memory(**options: Any) -> None:
     """Per-stage, per-GPU memory of a plan (GiB) and whether it fits."""
-    job = job_from_options(**options)
+    from simulator.hf import collected_notes
+
+    with collected_notes() as notes:
+        job = job_from_options(**options)
     plan = memory_plan(job)
     if options["as_json"]:
-        click.echo(json.dumps(to_json(job, plan), indent=2))
+        click.echo(json.dumps({**to_json(job, plan), "notes": notes}, indent=2))
         return
     click.echo(describe_job(job))
+    for note in notes:
+        click.echo(f"note: {note}")
     click.echo("memory per GPU, GiB (in-flight = micro-batch chunks held at the stage's peak)")
     click.echo(render_table(plan))
     verdict = (

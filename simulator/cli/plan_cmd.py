@@ -17,24 +17,32 @@ Examples:
       --gbs 1536 --tokens 300e9
   simulator plan --model megatron-22b --tp 8 --gbs 4 --mbs 4 --json
   simulator plan ... --trace iteration.json     # open in https://ui.perfetto.dev
+  simulator plan ... --plots figures/            # timeline, stage memory, memory vs micro-batch, ...
 """
 
 
 def plan_json(job, est) -> dict:
     """The `simulator plan --json` document: the estimate plus the job that produced it."""
+    from simulator.describe import settings_json
+
     doc = est.model_dump(mode="json")
     doc["model"] = job.model.name
     doc["cluster"] = job.cluster.name
     doc["plan"] = job.plan.model_dump(mode="json")
+    doc.update(settings_json(job.model, job.plan))
     return doc
 
 
-def render(job, est) -> str:
+def render(job, est, notes: list[str] = ()) -> str:
+    from simulator.describe import run_settings
+
     plan, b = job.plan, est.breakdown
     T = est.iteration_time_s
     rec = plan.recompute.granularity.value
     lines = [
         f"{job.model.name} on {job.num_gpus} x {job.cluster.gpu.name} ({job.cluster.name}, {job.num_nodes} nodes)",
+        run_settings(job.model.seq_length, plan),
+        *(f"note: {n}" for n in notes),
         f"plan: TP {plan.tensor_parallel_size}, PP {plan.pipeline_parallel_size}"
         + (f" (x{plan.virtual_pipeline_stages} interleaved)" if plan.interleaved else "")
         + f", DP {plan.data_parallel_size}, SP {'on' if plan.sequence_parallel else 'off'}, recompute {rec}, "
@@ -84,24 +92,40 @@ def _band(low: float | None, high: float | None, unit: str, digits: int) -> str:
               help="Hardware profile (default: the published profile of the cluster's GPU).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a Chrome trace-event JSON of the iteration (Perfetto).")
-def plan_command(tokens, profile_path, trace_path, as_json, **kwargs):
+@click.option("--plots", "plots_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write the plan's figures (PNG) into this folder: timeline, stage memory, memory vs "
+                   "micro-batch, memory by strategy, time breakdown, and predicted vs measured.")
+def plan_command(tokens, profile_path, trace_path, as_json, plots_dir=None, **kwargs):
     """Predict one training iteration of a plan: time, MFU/HFU, breakdown, memory and training days."""
     from simulator.estimate import simulate_job
+    from simulator.hf import collected_notes
     from simulator.profile import load_profile
 
-    job = job_from_options(**kwargs)
+    with collected_notes() as notes:
+        job = job_from_options(**kwargs)
     profile = load_profile(profile_path) if profile_path else None
     from simulator.band import with_band
 
-    sim = simulate_job(job, profile, tokens=tokens, record=trace_path is not None)
+    sim = simulate_job(job, profile, tokens=tokens, record=trace_path is not None or plots_dir is not None)
     est = with_band(job, sim.estimate, profile)
     if trace_path is not None:
         from simulator.trace import write_trace
 
         write_trace(sim, job, trace_path)
+    plots = {}
+    if plots_dir is not None:
+        from simulator.figures import write_plan_figures
+
+        plots = write_plan_figures(job, plots_dir, sim, profile)
     if as_json:
-        click.echo(json.dumps(plan_json(job, est), indent=2, sort_keys=True))
+        doc = plan_json(job, est)
+        doc["notes"] = notes
+        if plots:
+            doc["plots"] = plots
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
-        click.echo(render(job, est))
+        click.echo(render(job, est, notes))
         if trace_path is not None:
             click.echo(f"\ntrace written to {trace_path}")
+        if plots:
+            click.echo(f"figures written to {plots_dir}: {', '.join(plots)}")

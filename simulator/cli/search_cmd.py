@@ -18,6 +18,8 @@ Examples:
   simulator search --model gpt3-175b --gpus 1024 --gbs 1536 --tokens 300e9
   simulator search --gpus 1024 --gbs 1536 --tp 8 --no-sp --recompute-granularity full   # pin dimensions
   simulator search --model megatron-22b --gpus 64 --gbs 256 --json --top 3
+  simulator search --gpus 1024 --gbs 1536 --json --all --csv plans.csv   # every plan that fits
+  simulator search --gpus 1024 --gbs 1536 --tokens 300e9 --plots figures/ --html search.html
 """
 
 
@@ -68,19 +70,33 @@ def _describe(plan) -> str:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the best plan's iteration as a Chrome trace-event JSON (Perfetto).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print machine-readable JSON.")
+@click.option("--all", "all_plans", is_flag=True, default=False,
+              help="Also list every plan that fits with its closed-form time (JSON: screened_plans).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write every plan that fits, with its screen time, MFU and peak memory, as CSV.")
+@click.option("--plots", "plots_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write the search's figures (PNG) into this folder: Pareto front, top plans' time breakdown, "
+                   "TP x PP heat map, MFU and days vs GPUs, and the best plan's figures.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write an interactive HTML page (one offline file; needs the 'html' extra, plotly).")
 def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, sp, recompute, dopt,
-                   precision, backend, flash, overlap, profile_path, pareto_path, trace_path, as_json):
+                   precision, backend, flash, overlap, profile_path, pareto_path, trace_path, as_json, all_plans=False,
+                   csv_path=None, plots_dir=None, html_path=None):
     """Search every valid plan (TP, PP, virtual stages, micro-batch, SP, recompute, distributed optimizer)
     for the fastest that fits in GPU memory."""
+    from simulator.describe import run_settings, settings_json
     from simulator.export import megatron_args, nemo_yaml
     from simulator.hardware import load_cluster
+    from simulator.hf import collected_notes
     from simulator.model import load_model
     from simulator.plan import Job
     from simulator.profile import load_profile
     from simulator.search import SearchPins, SearchRequest, search
 
+    with collected_notes() as notes:
+        model_spec = load_model(model, seq_length)
     req = SearchRequest(
-        model=load_model(model, seq_length), cluster=load_cluster(cluster), num_gpus=gpus, global_batch_size=global_batch_size,
+        model=model_spec, cluster=load_cluster(cluster), num_gpus=gpus, global_batch_size=global_batch_size,
         pins=SearchPins(tensor_parallel_size=tp, pipeline_parallel_size=pp, virtual_pipeline_stages=vpp,
                         micro_batch_size=mbs, sequence_parallel=sp, recompute_granularity=recompute,
                         use_distributed_optimizer=dopt),
@@ -91,7 +107,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     bars: dict = {}
 
     def progress(phase: str, done: int, total: int) -> None:
-        if as_json:
+        if as_json or not sys.stderr.isatty():  # a bar only for a person watching, never in a captured stream
             return
         if phase not in bars:
             from tqdm import tqdm
@@ -107,15 +123,31 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     best = result.best
     job = Job(model=req.model, cluster=req.cluster, plan=best.plan)
     if pareto_path is not None:
+        from simulator.figure_data import pareto_data
         from simulator.plots import pareto_figure
 
-        pareto_figure(result, req.cluster.gpu.memory_bytes,
-                      f"{req.model.name}, {gpus} x {req.cluster.gpu.name}, global batch {global_batch_size}", pareto_path)
+        pareto_figure(pareto_data(result, req), pareto_path)
     if trace_path is not None:
         from simulator.estimate import simulate_job
         from simulator.trace import write_trace
 
         write_trace(simulate_job(job, profile, tokens, record=True), job, trace_path)
+    rows = None
+    if all_plans or csv_path is not None:
+        from simulator.search_table import screened_rows, write_csv
+
+        rows = screened_rows(result, req)
+        if csv_path is not None:
+            write_csv(rows, csv_path)
+    plots = {}
+    if plots_dir is not None:
+        from simulator.figures import write_search_figures
+
+        plots = write_search_figures(result, req, plots_dir, profile, tokens)
+    if html_path is not None:
+        from simulator.html_report import write_search_html
+
+        write_search_html(result, req, html_path, profile)
     if as_json:
         doc = {
             "plans": [{**plan_json(Job.model_construct(model=req.model, cluster=req.cluster, plan=r.plan), r.estimate),
@@ -125,12 +157,25 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
             "enumerated": result.enumerated, "pruned_memory": result.pruned_memory,
             "screened": len(result.screened), "simulated": result.simulated, "elapsed_s": result.elapsed_s,
             "megatron_args": megatron_args(job), "nemo_yaml": nemo_yaml(job),
+            "model": req.model.name, "cluster": req.cluster.name, "num_gpus": gpus,
+            "global_batch_size": global_batch_size, **settings_json(req.model, best.plan), "notes": notes,
         }
+        if all_plans:
+            doc["screened_plans"] = rows
+        for key, value in (("csv", csv_path), ("html", html_path)):
+            if value is not None:
+                doc[key] = str(value)
+        if plots:
+            doc["plots"] = plots
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
-    click.echo(f"{req.model.name} on {gpus} x {req.cluster.gpu.name}, global batch {global_batch_size}: "
+    click.echo(f"{req.model.name} on {gpus} x {req.cluster.gpu.name}, global batch {global_batch_size}, "
+               f"{run_settings(req.model.seq_length, best.plan)}: "
                f"{result.enumerated} plans enumerated, {result.pruned_memory} pruned (memory), "
-               f"{len(result.screened)} screened, {result.simulated} simulated in {result.elapsed_s:.1f} s\n")
+               f"{len(result.screened)} screened, {result.simulated} simulated in {result.elapsed_s:.1f} s")
+    for note in notes:
+        click.echo(f"note: {note}")
+    click.echo("")
     header = (f"{'#':>2}  {'plan':44s} {'iter (s)':>9} {'band (s)':>13} {'MFU':>6} {'peak GiB':>9}"
               + (f" {'days':>7}" if tokens else ""))
     click.echo(header)
@@ -151,6 +196,18 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
         click.echo(f"! {outside[0].estimate.validation_note}")
     click.echo("\nMegatron-LM flags for the best plan:\n  " + " \\\n  ".join(megatron_args(job)))
     click.echo("\nNeMo config fragment:\n" + nemo_yaml(job))
+    if all_plans:
+        click.echo(f"\nEvery plan that fits ({len(rows)}), by closed-form screen time:")
+        click.echo(f"{'#':>5}  {'plan':44s} {'screen (s)':>10} {'MFU':>6} {'peak GiB':>9}")
+        for r, screened in zip(rows, result.screened):
+            click.echo(f"{r['rank']:5d}  {_describe(screened.plan):44s} {r['screen_time_s']:10.2f} "
+                       f"{r['screen_mfu'] * 100:5.1f}% {format_gib(r['peak_memory_bytes'], 1):>9}")
+    if csv_path is not None:
+        click.echo(f"every plan that fits written to {csv_path}")
+    if plots:
+        click.echo(f"figures written to {plots_dir}: {', '.join(plots)}")
+    if html_path is not None:
+        click.echo(f"interactive page written to {html_path}")
     if pareto_path is not None:
         click.echo(f"Pareto figure written to {pareto_path}")
     if trace_path is not None:
