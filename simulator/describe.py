@@ -1,8 +1,8 @@
 """How a job is named in headers, figure titles and JSON: one place, so every output says the same.
 
 Every output states what a plan's numbers depend on beyond its layout: the sequence length, the
-precision (and FP8 recipe) and the attention backend (Megatron's unfused softmax path, or a fused
-flash-attention kernel with ``--use-flash-attn``).
+precision (and FP8 recipe) and the attention backend (Megatron's --attention-backend: auto, flash and
+fused run a fused kernel; unfused and local Megatron's own softmax path).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from simulator.plan import Job, ParallelPlan, RecomputeGranularity
 
 
 def attention_backend(plan: ParallelPlan) -> str:
-    """'flash' (fused kernel, no s x s scores stored) or 'unfused' (Megatron's softmax path)."""
-    return "flash" if plan.use_flash_attention else "unfused"
+    """Megatron's --attention-backend of the plan: auto, flash, fused (no s x s scores stored), unfused or local."""
+    return plan.attention_backend.value
 
 
 def precision_label(plan: ParallelPlan) -> str:
@@ -52,6 +52,7 @@ def layout(plan: ParallelPlan) -> str:
     if r.granularity is RecomputeGranularity.full:
         rec += f" ({r.method.value} {r.num_layers})"
     parts = [f"TP {plan.tensor_parallel_size}",
+             *([f"CP {plan.context_parallel_size}"] if plan.context_parallel_size > 1 else []),
              f"PP {plan.pipeline_parallel_size}" + (f" x{plan.virtual_pipeline_stages}" if plan.interleaved else ""),
              f"DP {plan.data_parallel_size}", f"mbs {plan.micro_batch_size}"]
     if plan.sequence_parallel:

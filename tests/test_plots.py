@@ -41,7 +41,7 @@ def searched():
 
 def _says_what_it_is(title: str, model="gpt3-1.3b", gpus="16", batch="global batch") -> None:
     for needle in (model, "dgx-a100-80gb", f"{gpus} x A100-SXM4-80GB", batch, "sequence 2,048", "bf16",
-                   "unfused attention"):
+                   "auto attention"):
         assert needle in title, (needle, title)
 
 

@@ -72,7 +72,8 @@ def _search(ctx: click.Context, options: dict, top: int, profile):
     req = SearchRequest(model=load_model(options["model"], options["seq_length"]), cluster=load_cluster(options["cluster"]),
                         num_gpus=options["gpus"], global_batch_size=options["global_batch_size"],
                         pins=SearchPins(**{_PINS[k]: v for k, v in given.items()}), precision=options["precision"],
-                        use_flash_attention=options["use_flash_attention"],
+                        use_flash_attention=bool(options.get("use_flash_attention"))
+                        or options.get("attention_backend") not in ("unfused", "local"),
                         overlap_grad_reduce=options["overlap_grad_reduce"])
     return req, search(req, profile, top=top)
 

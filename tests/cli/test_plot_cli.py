@@ -27,7 +27,7 @@ def test_plot_timeline_zoomed_writes_the_png_and_says_what_it_drew(tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["kind"] == "timeline" and doc["path"] == str(out) and out.stat().st_size > 10_000
-    assert doc["seq_length"] == 2048 and doc["precision"] == "bf16" and doc["attention_backend"] == "unfused"
+    assert doc["seq_length"] == 2048 and doc["precision"] == "bf16" and doc["attention_backend"] == "auto"
     assert "steps 0-5 of each stage" in doc["figure"]["axes"][0]["title"]
     assert doc["data"]["window"][2:] == [0, 6] and "intervals" not in doc["data"]
 
@@ -93,14 +93,15 @@ def test_search_all_exports_every_screened_plan_as_json_and_csv(tmp_path):
 
 def test_every_header_and_json_states_sequence_precision_and_attention():
     for command in ("plan", "memory"):
-        text = run(command, "--model", "gpt3-1.3b", "--seq-length", "1024", "--use-flash-attn").output
+        text = run(command, "--model", "gpt3-1.3b", "--seq-length", "1024", "--attention-backend", "flash").output
         assert "sequence 1,024" in text and "flash attention" in text
-        doc = json.loads(run(command, "--model", "gpt3-1.3b", "--precision", "fp16", "--json").output)
+        doc = json.loads(run(command, "--model", "gpt3-1.3b", "--precision", "fp16", "--attention-backend", "unfused",
+                             "--json").output)
         assert (doc["seq_length"], doc["precision"], doc["attention_backend"]) == (2048, "fp16", "unfused")
     text = run("search", *SMALL_SEARCH, "--top", "1").output
-    assert "sequence 2,048, bf16, unfused attention" in text.splitlines()[0]
+    assert "sequence 2,048, bf16, auto attention" in text.splitlines()[0]
     doc = json.loads(run("search", *SMALL_SEARCH, "--top", "1", "--json").output)
-    assert (doc["seq_length"], doc["precision"], doc["attention_backend"]) == (2048, "bf16", "unfused")
+    assert (doc["seq_length"], doc["precision"], doc["attention_backend"]) == (2048, "bf16", "auto")
     assert doc["plans"][0]["seq_length"] == 2048
 
 
