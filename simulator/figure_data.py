@@ -38,8 +38,7 @@ CPU_VALIDATION = REPO / "reports" / "cpu-validation"
 
 
 def request_title(req: SearchRequest) -> str:
-    plan = ParallelPlan.model_construct(precision=req.precision, use_flash_attention=req.use_flash_attention,
-                                        fp8_format=None)
+    plan = ParallelPlan(precision=req.precision, use_flash_attention=req.use_flash_attention)
     return title(req.model, req.cluster, req.num_gpus, req.global_batch_size, plan)
 
 
