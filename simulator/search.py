@@ -22,8 +22,11 @@ from simulator.estimate import Estimate, simulate_job
 from simulator.hardware import ClusterSpec
 from simulator.memory import stage_peak_bytes
 from simulator.model import ModelSpec
+from simulator.pipeline_split import chunk_layers
 from simulator.plan import (
     AttentionBackend,
+    DataParallelSharding,
+    Fp8Format,
     Job,
     ParallelPlan,
     Precision,
@@ -53,6 +56,7 @@ class SearchPins(BaseModel):
     sequence_parallel: bool | None = None
     recompute_granularity: RecomputeGranularity | None = None
     use_distributed_optimizer: bool | None = None
+    context_parallel_size: int | None = None
 
 
 class SearchRequest(BaseModel):
@@ -67,6 +71,7 @@ class SearchRequest(BaseModel):
     use_flash_attention: bool = Field(True, description="Plans use a fused attention kernel (Megatron's default, "
                                                          "attention_backend auto); False: Megatron's unfused path.")
     overlap_grad_reduce: bool = False
+    fp8_format: Fp8Format | None = Field(None, description="Every plan's linear layers in FP8 (Hopper).")
     finalists: int = Field(16, gt=0, description="Plans the engine simulates after the closed-form screen.")
 
 
@@ -129,48 +134,105 @@ def _recompute_options(chunk_layers: int, pinned: RecomputeGranularity | None) -
     return out
 
 
+def pipeline_splits(num_layers: int, p: int, v: int) -> list[dict]:
+    """How Megatron can split the layers over p stages of v chunks: evenly where that divides; else
+    with the embedding and the loss counted as layers; else with lighter first and last stages and
+    the rest even (the most even such split). Each is the plan fields that state it."""
+    L = num_layers
+    if L % (p * v) == 0:
+        return [{}]
+    if p == 1:
+        return []
+    if (L + 2) % (p * v) == 0 and (L + 2) // (p * v) >= 2:
+        return [{"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}]
+    if p > 2:
+        for middle in range(-(-L // p), L):
+            rest = L - middle * (p - 2)
+            if rest < 2 * v:
+                break
+            if rest % 2 == 0 and (rest // 2) % v == 0 and middle % v == 0:
+                return [{"decoder_first_pipeline_num_layers": rest // 2, "decoder_last_pipeline_num_layers": rest // 2}]
+    return []
+
+
+# Context parallelism pays off for long sequences; below this many tokens per CP rank it is not searched.
+CP_MIN_TOKENS_PER_RANK = 2048
+CP_SIZES = (2, 4, 8, 16, 32)
+
+
 def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
-    """Every plan the rules allow, in a fixed order (so the ranking is deterministic)."""
+    """Every plan the rules allow, in a fixed order (so the ranking is deterministic).
+
+    TP up to a node; CP for long sequences (with a fused attention kernel); PP any size whose layers
+    split as Megatron can split them (``pipeline_splits``); virtual stages; micro-batch; SP;
+    recompute; and the data-parallel sharding (the distributed optimizer, and Megatron-FSDP's deeper
+    levels where there is no pipeline).
+    """
     m, c, pins, n = req.model, req.cluster, req.pins, req.num_gpus
-    L, gbs = m.num_layers, req.global_batch_size
+    L, gbs, s = m.num_layers, req.global_batch_size, m.seq_length
     tps = [t for t in _divisors(c.gpus_per_node)
            if m.num_attention_heads % t == 0 and m.vocab_size % t == 0
            and (m.query_groups % t == 0 or t % m.query_groups == 0)]
+    cps = [1] + [cp for cp in CP_SIZES
+                 if req.use_flash_attention and s % (2 * cp) == 0 and s // cp >= CP_MIN_TOKENS_PER_RANK]
+    backend = AttentionBackend.auto if req.use_flash_attention else AttentionBackend.unfused
+    # every candidate is this template with its own layout: copying one plan is far cheaper than
+    # building each from its defaults
+    template = ParallelPlan(global_batch_size=gbs, precision=req.precision, fp8_format=req.fp8_format,
+                            use_flash_attention=req.use_flash_attention, attention_backend=backend,
+                            overlap_grad_reduce=req.overlap_grad_reduce)
     for t in tps if pins.tensor_parallel_size is None else [pins.tensor_parallel_size]:
-        for p in _divisors(L) if pins.pipeline_parallel_size is None else [pins.pipeline_parallel_size]:
-            if n % (t * p):
-                continue
-            d = n // (t * p)
-            for mbs in MICRO_BATCH_SIZES if pins.micro_batch_size is None else [pins.micro_batch_size]:
-                if gbs % (mbs * d):
+        for cp in cps if pins.context_parallel_size is None else [pins.context_parallel_size]:
+            pps = range(1, L + 1) if pins.pipeline_parallel_size is None else [pins.pipeline_parallel_size]
+            for p in pps:
+                if n % (t * cp * p):
                     continue
-                micro_batches = gbs // (mbs * d)
-                vs = [1] + ([v for v in _divisors(L // p) if v > 1 and micro_batches % p == 0] if p > 1 else [])
-                for v in vs if pins.virtual_pipeline_stages is None else [pins.virtual_pipeline_stages]:
-                    if L % (p * v):
+                d = n // (t * cp * p)
+                for mbs in MICRO_BATCH_SIZES if pins.micro_batch_size is None else [pins.micro_batch_size]:
+                    if gbs % (mbs * d):
                         continue
-                    sps = [False, True] if t > 1 else [False]
-                    for sp in sps if pins.sequence_parallel is None else [pins.sequence_parallel]:
-                        for rec in _recompute_options(L // (p * v), pins.recompute_granularity):
-                            dopts = [False, True] if d > 1 else [False]
-                            for dopt in dopts if pins.use_distributed_optimizer is None else [pins.use_distributed_optimizer]:
-                                yield ParallelPlan.model_construct(
-                                    tensor_parallel_size=t, pipeline_parallel_size=p, data_parallel_size=d,
-                                    virtual_pipeline_stages=v, sequence_parallel=sp, micro_batch_size=mbs,
-                                    global_batch_size=gbs, recompute=rec, use_distributed_optimizer=dopt,
-                                    precision=req.precision, use_flash_attention=req.use_flash_attention,
-                                    attention_backend=(AttentionBackend.auto if req.use_flash_attention
-                                                       else AttentionBackend.unfused),
-                                    overlap_grad_reduce=req.overlap_grad_reduce,
-                                    **{k: f.default for k, f in ParallelPlan.model_fields.items()
-                                       if k in ("schedule", "allow_tp_across_nodes", "pipeline_layer_split")},
-                                )
+                    micro_batches = gbs // (mbs * d)
+                    vs = [1] + ([v for v in range(2, L // p + 1) if micro_batches % p == 0] if p > 1 else [])
+                    for v in vs if pins.virtual_pipeline_stages is None else [pins.virtual_pipeline_stages]:
+                        for split in pipeline_splits(L, p, v):
+                            chunk = max(max(c_) for c_ in _split_layers(L, p, v, split))
+                            yield from _variants(template, pins, t, cp, p, d, v, mbs, split, chunk)
+
+
+def _split_layers(L: int, p: int, v: int, split: dict) -> tuple[tuple[int, ...], ...]:
+    return chunk_layers(L, p, v, first=split.get("decoder_first_pipeline_num_layers"),
+                        last=split.get("decoder_last_pipeline_num_layers"),
+                        account_for_embedding=split.get("account_for_embedding_in_pipeline_split", False),
+                        account_for_loss=split.get("account_for_loss_in_pipeline_split", False))
+
+
+def _variants(template: ParallelPlan, pins: SearchPins, t: int, cp: int, p: int, d: int, v: int, mbs: int, split: dict,
+              chunk: int) -> Iterator[ParallelPlan]:
+    sps = [False, True] if t > 1 else [False]
+    shardings = [DataParallelSharding.no_shard, DataParallelSharding.optim] if d * cp > 1 else [DataParallelSharding.no_shard]
+    if d * cp > 1 and p == 1:  # Megatron-FSDP's deeper levels, which do not combine with pipelining
+        shardings += [DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params]
+    if pins.use_distributed_optimizer is not None:
+        shardings = [x for x in shardings if (x is not DataParallelSharding.no_shard) == pins.use_distributed_optimizer]
+    for sp in sps if pins.sequence_parallel is None else [pins.sequence_parallel]:
+        for rec in _recompute_options(chunk, pins.recompute_granularity):
+            for sharding in shardings:
+                yield template.model_copy(update=dict(
+                    tensor_parallel_size=t, context_parallel_size=cp, pipeline_parallel_size=p, data_parallel_size=d,
+                    virtual_pipeline_stages=v, sequence_parallel=sp, micro_batch_size=mbs, recompute=rec,
+                    use_distributed_optimizer=sharding is not DataParallelSharding.no_shard,
+                    data_parallel_sharding_strategy=(sharding if sharding in (DataParallelSharding.optim_grads,
+                                                                              DataParallelSharding.optim_grads_params)
+                                                     else None), **split))
 
 
 def peak_bytes(job: Job) -> int:
     """The plan's per-GPU peak: the first stage holds the most in-flight activations and the
     embedding, the last the output layer and logits; every middle stage is bounded by the first."""
-    stages = {0, job.plan.pipeline_parallel_size - 1}
+    p = job.plan.pipeline_parallel_size
+    stages = {0, p - 1}
+    if len(set(job.layers_per_stage)) > 1:  # a fuller second stage can outweigh a lighter first
+        stages |= {min(1, p - 1), max(p - 2, 0)}
     return max(stage_peak_bytes(job, s) for s in stages)
 
 

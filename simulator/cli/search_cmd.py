@@ -28,10 +28,18 @@ def _describe(plan) -> str:
     rec = r.granularity.value
     if r.granularity is RecomputeGranularity.full:
         rec += f"/{r.method.value}:{r.num_layers}"
-    return (f"TP{plan.tensor_parallel_size} PP{plan.pipeline_parallel_size}"
+    sharding = {"no_shard": "", "optim": " distopt", "optim_grads": " zero2", "optim_grads_params": " fsdp"}
+    split = ""
+    if plan.decoder_first_pipeline_num_layers or plan.decoder_last_pipeline_num_layers:
+        split = f"({plan.decoder_first_pipeline_num_layers}..{plan.decoder_last_pipeline_num_layers})"
+    elif plan.account_for_embedding_in_pipeline_split or plan.account_for_loss_in_pipeline_split:
+        split = "(e+l)"
+    return (f"TP{plan.tensor_parallel_size}" + (f" CP{plan.context_parallel_size}" if plan.context_parallel_size > 1
+                                                 else "")
+            + f" PP{plan.pipeline_parallel_size}" + split
             + (f"x{plan.virtual_pipeline_stages}" if plan.interleaved else "")
             + f" DP{plan.data_parallel_size} mbs{plan.micro_batch_size} SP{'+' if plan.sequence_parallel else '-'} "
-            + f"{rec}{' distopt' if plan.use_distributed_optimizer else ''}")
+            + f"{rec}{sharding[plan.sharding.value]}")
 
 
 @click.command("search", epilog=EXAMPLES)
@@ -49,6 +57,10 @@ def _describe(plan) -> str:
 @click.option("--virtual-pipeline-model-parallel-size", "--vpp", "vpp", type=click.IntRange(min=1), default=None,
               help="Pin the virtual pipeline stages.")
 @click.option("--micro-batch-size", "--mbs", "mbs", type=click.IntRange(min=1), default=None, help="Pin the micro-batch.")
+@click.option("--context-parallel-size", "--cp", "cp", type=click.IntRange(min=1), default=None,
+              help="Pin context parallelism (searched for sequences of 4,096 tokens and more by default).")
+@click.option("--fp8-format", "fp8", type=click.Choice(["hybrid", "e4m3"]), default=None,
+              help="Every plan runs its linear layers in FP8 (Transformer Engine, Hopper only).")
 @click.option("--sequence-parallel/--no-sequence-parallel", "--sp/--no-sp", "sp", default=None,
               help="Pin sequence parallelism on or off.")
 @click.option("--recompute-granularity", "recompute", type=click.Choice([g.value for g in RecomputeGranularity]),
@@ -79,7 +91,8 @@ def _describe(plan) -> str:
                    "TP x PP heat map, MFU and days vs GPUs, and the best plan's figures.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write an interactive HTML page (one offline file; needs the 'html' extra, plotly).")
-def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, sp, recompute, dopt,
+def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, cp, fp8, sp,
+                   recompute, dopt,
                    precision, backend, flash, overlap, profile_path, pareto_path, trace_path, as_json, all_plans=False,
                    csv_path=None, plots_dir=None, html_path=None):
     """Search every valid plan (TP, PP, virtual stages, micro-batch, SP, recompute, distributed optimizer)
@@ -99,7 +112,8 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
         model=model_spec, cluster=load_cluster(cluster), num_gpus=gpus, global_batch_size=global_batch_size,
         pins=SearchPins(tensor_parallel_size=tp, pipeline_parallel_size=pp, virtual_pipeline_stages=vpp,
                         micro_batch_size=mbs, sequence_parallel=sp, recompute_granularity=recompute,
-                        use_distributed_optimizer=dopt),
+                        use_distributed_optimizer=dopt, context_parallel_size=cp),
+        fp8_format=fp8,
         precision=precision, use_flash_attention=flash or backend not in ("unfused", "local"),
         overlap_grad_reduce=overlap,
     )
