@@ -396,7 +396,23 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None,
                      / (ramp(measured, r["bytes"]) * min(best_busbw, cap) * 1e9)) / r["time_s"] - 1.0
                     for r in by[(kind, m)]]))
     errors.append(_error("collectives.send_recv", res))
+    notes += _concurrent_compute_note(raw, by[("all_reduce", "in_loop")])
     return CollectiveParams(nvlink=nvlink, network=network), errors, notes
+
+
+def _concurrent_compute_note(raw: dict, in_loop: list[dict]) -> list[str]:
+    """How much slower the layer GEMM ran beside the other ranks (in the in-loop timing) than alone (the GEMM
+    section): ranks that share a machine's cores, caches and memory bandwidth, which the cost model does not see."""
+    beside = [r["compute_s"] for r in in_loop if r.get("compute_s")]
+    if not beside:
+        return []
+    m, n, k = in_loop[0]["compute_shape"]
+    alone = [r["time_s"] for r in raw.get("gemm", []) if (r["m"], r["n"], r["k"], r["batch"]) == (m, n, k, 1)]
+    if not alone:
+        return []
+    ratio = float(np.median(beside)) / alone[0]
+    return [f"the {m} x {n} x {k} layer GEMM took {float(np.median(beside)) * 1e3:.3g} ms beside the other "
+            f"{in_loop[0]['group_size'] - 1} rank(s) and {alone[0] * 1e3:.3g} ms alone ({ratio - 1:+.0%})"]
 
 
 SWEEP_NOISE = 0.10

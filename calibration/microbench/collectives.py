@@ -124,24 +124,31 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
         call to its return holds the wait for the other ranks' GEMMs; the mean over ranks is what the
         collective adds to a step beside the mean compute time."""
         samples = torch.zeros(repeats, dtype=torch.float64, device=device)
+        compute = torch.zeros(repeats, dtype=torch.float64, device=device)
         if device.type == "cuda":
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+            marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(repeats)]
         for i in range(repeats):
-            torch.mm(a, b, out=c)
             if device.type == "cuda":
-                starts[i].record()
+                marks[i][0].record()
+                torch.mm(a, b, out=c)
+                marks[i][1].record()
                 run()
-                ends[i].record()
+                marks[i][2].record()
             else:
                 t0 = time.perf_counter()
+                torch.mm(a, b, out=c)
+                t1 = time.perf_counter()
                 run()
-                samples[i] = time.perf_counter() - t0
+                samples[i] = time.perf_counter() - t1
+                compute[i] = t1 - t0
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             for i in range(repeats):
-                samples[i] = starts[i].elapsed_time(ends[i]) / 1e3
+                compute[i] = marks[i][0].elapsed_time(marks[i][1]) / 1e3
+                samples[i] = marks[i][1].elapsed_time(marks[i][2]) / 1e3
         dist.all_reduce(samples)
+        dist.all_reduce(compute)
+        compute_times.extend((compute / n).tolist())  # the GEMM beside the other ranks' GEMMs
         return (samples / n).tolist()
 
     points, skipped = [], []
@@ -164,6 +171,7 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
                 for _ in range(warmup):
                     run()
                 timer = isolated if mode == "isolated" else in_loop
+                compute_times: list[float] = []
                 samples, tries = timer(run), 1
                 # every rank holds the same reduced samples, so every rank takes the same decision
                 while _spread(samples) > NOISY_SPREAD and tries < MAX_TRIES:
@@ -176,7 +184,8 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
                                "dtype": dtype_name, "time_s": t, "algbw_gbps": algbw,
                                "busbw_gbps": algbw * bus_factor(kind, n), "repeats": repeats, "tries": tries,
                                "spread": _spread(samples),
-                               **({"compute_shape": list(compute_shape)} if mode == "in_loop" else {})})
+                               **({"compute_shape": list(compute_shape),
+                                   "compute_s": statistics.median(compute_times)} if mode == "in_loop" else {})})
                 if rank == 0 and mode == "isolated":
                     floor_s = t if not floor_s else min(floor_s, t)
                     best_bw = max(best_bw, size / t)
