@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=8, help="Iterations per plan (the first is a warm-up).")
     parser.add_argument("--quick", action="store_true", help="Quick calibrations (fewer sizes and repetitions).")
     parser.add_argument("--budget-s", type=float, default=None, help="Measuring allowance per calibration, s.")
-    parser.add_argument("--attempts", type=int, default=2, help="Calibrations tried per profile before giving up.")
+    parser.add_argument("--attempts", type=int, default=3, help="Calibrations tried per profile before giving up.")
     parser.add_argument("--plans", default=",".join(map(_slug, PLANS)),
                         help="Comma-separated subset of: " + ", ".join(map(_slug, PLANS)))
     args = parser.parse_args(argv)

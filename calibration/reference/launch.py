@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -78,12 +79,17 @@ def launch(nproc: int, train_args: list[str], log: Path, script: Path | None = N
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    # its own session, so that a run past its time is stopped with every rank torchrun started (a rank
+    # left behind would keep its GPU's memory from the next run)
+    proc = subprocess.Popen(torchrun_command(nproc, train_args, script), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        done = subprocess.run(torchrun_command(nproc, train_args, script), env=env, capture_output=True, text=True,
-                              timeout=timeout_s)
+        stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        _stop(proc)
         raise RunRecordError(f"the reference run took more than {timeout_s:.0f} s and was stopped; "
                              "use fewer iterations or a smaller model") from None
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(done.stdout + done.stderr)
@@ -91,6 +97,20 @@ def launch(nproc: int, train_args: list[str], log: Path, script: Path | None = N
             f"the reference run failed (torchrun exit code {done.returncode}): {_first_error(done.stderr + done.stdout)}; "
             f"no record was written, the full output is in {str(log)!r}"
         )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Terminate the launch's process group (torchrun and its ranks), then kill what is left."""
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.communicate(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def run_reference(job: Job, *, device: str, iterations: int, out: Path, seed: int = 1234,
