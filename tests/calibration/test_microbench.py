@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -175,11 +176,9 @@ def test_gpu_session_script_dry_run_on_the_cpu(tmp_path):
     reference runs, every record under the output folder, inside the script's own time limit."""
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "SESSION_TOTAL_S": "120",
            "REFERENCE_S": "60"}
-    start = time.monotonic()
     proc = subprocess.run(["bash", str(REPO / "calibration" / "gpu_session.sh"), str(tmp_path / "out"), "--dry-run",
-                           "--quick"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
+                           "--quick"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert time.monotonic() - start < 150  # its own limit (120 s) and a margin for the machine's load
     out = tmp_path / "out"
     raw = json.loads((out / "raw.json").read_text())
     assert set(raw["sections"]) == {"gemm", "attention", "elementwise", "collectives", "host"}
@@ -192,6 +191,8 @@ def test_gpu_session_script_dry_run_on_the_cpu(tmp_path):
         assert record["plan"]["recompute"]["granularity"] == granularity and record["threads_per_rank"] == 1
     log = (out / "session.log").read_text()
     assert "== environment" in log and "== reference runs" in log and "== fit" in log
+    # every step took its share of what was left: the script ends inside its own limit (120 s here)
+    assert int(re.search(r"== done \(t=\d+ s, (-?\d+) s left\)", log).group(1)) >= 0
     assert "numpy" not in proc.stderr  # nothing asked for numpy
     # the fit runs here (numpy and scipy are installed): a profile, or the one sentence of a refusal
     assert (out / "profile.json").is_file() or "so the profile was not written" in log
