@@ -26,7 +26,7 @@ import torch
 
 from calibration.microbench import RAW_FORMAT, RAW_VERSION
 from calibration.microbench.attention import attention_cases, run_attention
-from calibration.microbench.collectives import collective_sizes, run_collectives
+from calibration.microbench.collectives import collective_sizes, run_collectives, single_rank_issue_cost
 from calibration.microbench.elementwise import elementwise_sizes, run_elementwise
 from calibration.microbench.gemm import held_out_keys, run_gemms
 from calibration.microbench.host import run_host
@@ -235,6 +235,9 @@ def measure(args: argparse.Namespace, log=print) -> dict:
             elif section == "host":
                 raw["host"] = run_host(device, dtype, micro_batch_shape=(layer.micro_batch_size, layer.seq_length + 1),
                                        hidden=layer.hidden_size)
+                if gpu and not raw.get("collective_host"):
+                    # one GPU: the host cost of issuing an NCCL call, in a group of one
+                    raw["collective_host"] = single_rank_issue_cost(device, dtype)
         except Exception as exc:  # one broken section must not lose the others
             info["status"] = "failed"
             info["error"] = f"{type(exc).__name__}: {exc}"

@@ -474,7 +474,8 @@ def _fit_host(raw: dict, base: HardwareProfile | None) -> tuple[HostParams | Non
             "op_s": f"{loop} with autograd recording, issued without a synchronize "
                     f"(with one after each op: {rows.get(('forward_op', True), float('nan')) * 1e6:.1f} us)",
             "backward_op_s": f"the autograd engine replaying {loop}, per op",
-            "collective_s": ("a 64-element NCCL all-reduce issued in a loop without a synchronize "
+            "collective_s": (f"a 64-element NCCL all-reduce over {coll.get('group_size', 'the')} GPU(s) issued in a "
+                             "loop without a synchronize "
                              f"(with one after each: {coll['collective_synchronized_s'] * 1e6:.1f} us)")
             if collective is not None else (f"not measured (one GPU): from {base.name!r}" if base_host else
                                             "not measured (one GPU) and no published value: 0"),

@@ -321,3 +321,19 @@ def test_raw_points_without_in_loop_or_host_rows_still_fit():
     result = fit_profile(raw)
     assert 2 * result.profile.collectives.network.latency_s == pytest.approx(CPU_LINK["latency_s"], rel=0.01)
     assert result.profile.host is None and any("host costs not measured" in n for n in result.notes)
+
+
+def test_a_gpu_profile_takes_host_costs_issued_without_a_synchronize():
+    """On CUDA the host runs ahead: each host term is the whole time to issue, not what a synchronous
+    device adds to the kernel's own time; what one GPU cannot measure comes from the published profile."""
+    raw = _synthetic_raw()
+    raw["host"] = [{"what": w, "synchronize": sync, "time_s": t, "calls": 200} for w, sync, t in (
+        ("bare_op", False, 4e-6), ("forward_op", False, 9e-6), ("forward_op", True, 2.5e-5), ("backward_op", False, 1.2e-5),
+        ("micro_batch", False, 3e-5), ("optimizer_step_12_tensors", False, 2e-4))]
+    raw["collective_host"] = {"collective_issue_s": 1.5e-5, "collective_synchronized_s": 4e-5, "calls": 200,
+                              "group_size": 1}
+    host = fit_profile(raw).profile.host
+    published = default_profile("H200-SXM-141GB").host
+    assert host.op_s == pytest.approx(9e-6) and host.backward_op_s == pytest.approx(1.2e-5)
+    assert host.collective_s == pytest.approx(1.5e-5) and "over 1 GPU" in host.sources["collective_s"]
+    assert host.pipeline_exchange_s == published.pipeline_exchange_s

@@ -215,6 +215,19 @@ def _issue_cost(device: torch.device, dtype: torch.dtype, calls: int = 200) -> d
             "calls": calls}
 
 
+def single_rank_issue_cost(device: torch.device, dtype: torch.dtype) -> dict:
+    """``_issue_cost`` in an NCCL group of one rank (a one-GPU machine): the call still enqueues a kernel,
+    so the host's share is the same as in a larger group."""
+    import datetime
+
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        return {**_issue_cost(device, dtype), "group_size": 1}
+    finally:
+        dist.destroy_process_group()
+
+
 def run_collectives(*, backend: str, world_size: int, sizes: list[int], dtype: torch.dtype, warmup: int,
                     repeats: int, budget_s: float, kinds: tuple[str, ...] = KINDS,
                     modes: tuple[str, ...] = ("isolated",), compute_shape: tuple[int, int, int] = (256, 1024, 256),
