@@ -91,7 +91,8 @@ if ! "$PY" -c "import pydantic, yaml" 2>/dev/null; then
 fi
 HAVE_SIM=0
 "$PY" -c "import pydantic, yaml" 2>/dev/null && HAVE_SIM=1
-echo "pydantic and PyYAML: $( (( HAVE_SIM )) && echo yes || echo no: the model must be the default and no reference runs)"
+if (( HAVE_SIM )); then echo "pydantic and PyYAML: yes"
+else echo "pydantic and PyYAML: no (the model must be the default, and no reference runs)"; fi
 "$PY" -c "import numpy" 2>/dev/null && echo "numpy: yes" || echo "numpy: no (not needed)"
 
 section "model shapes"
@@ -140,7 +141,8 @@ print(f"{d.get('name')} | driver {d.get('driver')} | torch {d.get('torch_version
       f"| load {d.get('load_average')}")
 for name, info in raw["sections"].items():
     print(f"  {name:12s} {info['status']:8s} {len(raw.get(name, [])):4d} points  {info.get('elapsed_s', 0):6.1f} s"
-          + (f"  skipped {len(info['skipped'])}" if info.get("skipped") else "") + (f"  {info['error']}" if info.get("error") else ""))
+          + (f"  skipped {len(info['skipped'])}" if info.get("skipped") else "")
+          + (f"  {info['error']}" if info.get("error") else ""))
 if raw["gemm"]:
     best = max(raw["gemm"], key=lambda p: p["tflops"])
     print(f"  best GEMM {best['m']}x{best['n']}x{best['k']}x{best['batch']}: {best['tflops']:.1f} TFLOP/s")
