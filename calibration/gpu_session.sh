@@ -17,7 +17,9 @@
 #   simulator calibrate --raw OUTDIR/raw.json --out PROFILE.json
 #   simulator validate OUTDIR/run-selective.json --profile PROFILE.json
 # The whole script stays inside $SESSION_TOTAL_S (default 540 s, 150 s for a dry run); each step gets
-# what is left, and the reference runs keep $REFERENCE_S (default 200 s, 60 s dry) of it.
+# what is left, and the reference runs keep $REFERENCE_S (default 200 s, 60 s dry) of it. The runs
+# use $REFERENCE_TP GPUs (default 1), micro-batch $REFERENCE_MBS (2), global batch $REFERENCE_GBS (8)
+# and $REFERENCE_ITERATIONS (6, the first a warm-up); the measured shapes are the same layer's.
 set -euo pipefail
 
 usage() { echo "usage: calibration/gpu_session.sh OUTDIR [--model NAME|FILE] [--quick] [--dry-run]" >&2; exit 2; }
@@ -35,11 +37,12 @@ done
 PY=${PYTHON:-python3}
 WHEELS_DIR=${WHEELS_DIR:-.whl}
 if (( DRY )); then
-    DEVICE=cpu; TOTAL_S=${SESSION_TOTAL_S:-150}; REFERENCE_S=${REFERENCE_S:-60}; ITERATIONS=2; MBS=1; GBS=2
+    DEVICE=cpu; TOTAL_S=${SESSION_TOTAL_S:-150}; REFERENCE_S=${REFERENCE_S:-60}; ITERATIONS=2; MBS=1; GBS=2; TP=1
     [[ "$MODEL" == gpt3-1.3b ]] && MODEL=calibration/reference/gpt-tiny.yaml
 else
     DEVICE=cuda; TOTAL_S=${SESSION_TOTAL_S:-540}; REFERENCE_S=${REFERENCE_S:-200}
     ITERATIONS=${REFERENCE_ITERATIONS:-6}; MBS=${REFERENCE_MBS:-2}; GBS=${REFERENCE_GBS:-8}
+    TP=${REFERENCE_TP:-1}  # one process per GPU; a one-GPU machine trains without tensor parallelism
 fi
 [[ "$MODEL" = /* || ! -e "$MODEL" ]] || MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
 WHEELS_DIR=$(cd "$(dirname "$WHEELS_DIR")" 2>/dev/null && pwd)/$(basename "$WHEELS_DIR")
@@ -112,7 +115,7 @@ elif [[ "$MODEL" == gpt3-1.3b ]]; then
 else
     echo "reading model $MODEL needs pydantic and PyYAML; carry the wheels or use the default model"; exit 2
 fi
-echo "layer shapes: $SHAPES --micro-batch $MBS"
+echo "layer shapes: $SHAPES --micro-batch $MBS --tp $TP"
 
 section "measure"
 BUDGET=$(( $(left) - REFERENCE_S - 30 ))
@@ -126,7 +129,7 @@ else
     # shellcheck disable=SC2086
     timeout --kill-after=10 $(( BUDGET + 20 )) \
         "$PY" -m calibration.measure --device "$DEVICE" $QUICK --budget-s "$BUDGET" --out "$OUTDIR/raw.json" \
-        $SHAPES --micro-batch "$MBS" || MEASURE_RC=$?
+        $SHAPES --micro-batch "$MBS" --tp "$TP" || MEASURE_RC=$?
     echo "measure exit code: $MEASURE_RC"
 fi
 (( MEASURE_RC == 0 )) || STATUS=1
@@ -170,7 +173,7 @@ else
         STATUS=1
     else
         timeout --kill-after=10 $(( RUN_BUDGET + 5 )) "$PY" -m calibration.gpu_runs --model "$MODEL" \
-            --device "$DEVICE" --out "$OUTDIR" --mbs "$MBS" --gbs "$GBS" --iterations "$ITERATIONS" \
+            --device "$DEVICE" --out "$OUTDIR" --tp "$TP" --mbs "$MBS" --gbs "$GBS" --iterations "$ITERATIONS" \
             --budget-s "$RUN_BUDGET" || { echo "reference runs exit code: $?"; STATUS=1; }
     fi
 fi
@@ -178,8 +181,8 @@ fi
 section "fit"
 if [[ ! -f "$OUTDIR/raw.json" ]]; then
     echo "nothing to fit"
-elif ! "$PY" -c "import pydantic, yaml, numpy, scipy, networkx, simpy" 2>/dev/null; then
-    echo "numpy/scipy are not here: fit at home with"
+elif ! "$PY" -c "import pydantic, yaml, click, numpy, scipy, networkx, simpy" 2>/dev/null; then
+    echo "the fit needs numpy, scipy, networkx, simpy and click, which are not all here: fit at home with"
     echo "  simulator calibrate --raw $OUTDIR/raw.json --out PROFILE.json"
 elif (( $(left) < 10 )); then
     echo "skipping the fit: $(left) s left; fit at home with: simulator calibrate --raw raw.json --out PROFILE.json"
