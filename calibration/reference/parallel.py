@@ -12,6 +12,7 @@ shard is a contiguous slice of the first dimension.
 from __future__ import annotations
 
 import math
+import warnings
 import zlib
 from dataclasses import dataclass
 
@@ -93,6 +94,13 @@ def _backend(group) -> str:
     return str(dist.get_backend(group))
 
 
+def _fall_back(group, collective: str) -> None:
+    """Say once that this backend lacks the single-tensor call and the emulation runs instead."""
+    _UNSUPPORTED.add((_backend(group), collective))
+    warnings.warn(f"{_backend(group)} has no single-tensor {collective.replace('_', '-')} in torch "
+                  f"{torch.__version__}; the reference loop emulates it, which moves more data than Megatron does")
+
+
 def all_gather_first_dim(x: torch.Tensor, group) -> torch.Tensor:
     """Concatenate every rank's ``x`` along the first dimension: one ``all_gather_into_tensor`` call."""
     n = _size(group)
@@ -105,7 +113,7 @@ def all_gather_first_dim(x: torch.Tensor, group) -> torch.Tensor:
             _ALL_GATHER(out, x, group=group)
             return out
         except (RuntimeError, NotImplementedError):
-            _UNSUPPORTED.add((_backend(group), "all_gather"))
+            _fall_back(group, "all_gather")
     parts = [torch.empty_like(x) for _ in range(n)]
     dist.all_gather(parts, x, group=group)
     return torch.cat(parts, dim=0)
@@ -123,7 +131,7 @@ def reduce_scatter_first_dim(x: torch.Tensor, group) -> torch.Tensor:
             _REDUCE_SCATTER(out, x, group=group)
             return out
         except (RuntimeError, NotImplementedError):
-            _UNSUPPORTED.add((_backend(group), "reduce_scatter"))
+            _fall_back(group, "reduce_scatter")
     # a backend without reduce-scatter: all-reduce and keep this rank's slice (same result, twice the traffic)
     total = x.clone()
     dist.all_reduce(total, group=group)
