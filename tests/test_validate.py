@@ -20,7 +20,7 @@ from simulator.run_record import (
     write_run_record,
 )
 from simulator.profile import default_profile, save_profile
-from simulator.validate import compare, validate
+from simulator.validate import compare, job_of, validate
 
 MODEL = ModelSpec(name="tiny", num_layers=4, hidden_size=32, num_attention_heads=4, vocab_size=128, seq_length=16)
 
@@ -191,3 +191,19 @@ def test_timers_must_have_one_value_per_iteration_and_rank(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(RunRecordError, match="forward-compute"):
         load_run_record(path)
+
+
+def test_each_stages_phases_add_up_to_the_iteration_under_a_pipeline():
+    """PP 2 with a tied embedding: the first and last stage meet at its all-reduce, where the earlier waits."""
+    from simulator.validate import _time_predictions
+
+    base = make_record("none")
+    plan = base.plan.model_copy(update={"pipeline_parallel_size": 2, "global_batch_size": 8})
+    record = base.model_copy(update={"plan": plan, "world_size": 4})
+    predicted, _ = _time_predictions(job_of(record), record, None)
+    slowest_optimizer = max(ph["optimizer"] for ph in predicted.phases)
+    for stage, phases in enumerate(predicted.phases):
+        # the optimizer step of every stage starts together (the engine's global step); the slowest ends it
+        total = sum(phases.values()) - phases["optimizer"] + slowest_optimizer
+        assert total == pytest.approx(predicted.iteration_s, rel=1e-9), (stage, phases)
+        assert phases["pipeline send/recv"] > 0 and phases["embedding-grads-all-reduce"] > 0
