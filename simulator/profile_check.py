@@ -74,7 +74,8 @@ def check_profile(profile: HardwareProfile, raw: dict, gpu: GpuSpec) -> list[str
             raise ProfileError(
                 f"profile block {block} gives the measured {what} back {factor:.1f}x off through the cost model "
                 f"({predicted * 1e3:.3g} ms predicted, {measured * 1e3:.3g} ms measured), so the profile was not "
-                f"written; measure again on a quiet machine{_load(raw)}, or with more repetitions (drop --quick)")
+                f"written; measure again on a quiet machine{_load(raw)}"
+                + (", or with more repetitions (drop --quick)" if raw.get("settings", {}).get("quick") else ""))
     return []
 
 

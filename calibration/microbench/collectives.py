@@ -95,11 +95,11 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
     flag = torch.zeros(1, device=device)
     sync_buf = torch.zeros(1, device=device)
     # the layer-sized GEMM the training step runs before each of its collectives (in-loop mode)
-    m, nn_, k = compute_shape
+    rows, cols, inner = compute_shape
     gen = torch.Generator(device=device).manual_seed(rank + 11)
-    a = torch.randn(m, k, generator=gen, device=device).to(dtype)
-    b = torch.randn(k, nn_, generator=gen, device=device).to(dtype)
-    c = torch.empty(m, nn_, dtype=dtype, device=device)
+    a = torch.randn(rows, inner, generator=gen, device=device).to(dtype)
+    b = torch.randn(inner, cols, generator=gen, device=device).to(dtype)
+    c = torch.empty(rows, cols, dtype=dtype, device=device)
 
     def sync() -> None:
         dist.all_reduce(sync_buf)
