@@ -1,9 +1,9 @@
-"""Measure this machine: GEMMs, attention, memory-bound kernels and collectives, as raw JSON points.
+"""Measure this machine: GEMMs, attention, memory-bound kernels, collectives and host costs, as raw JSON points.
 
     python -m calibration.measure --device cuda|cpu [--quick] --out RAW.json
 
-Needs only torch, numpy and the standard library (the GPU machine has no pydantic); the fit into a
-hardware profile happens in ``simulator calibrate``. Each section has a share of ``--budget-s`` and
+Needs only torch and the standard library (the GPU machine may have neither pydantic nor numpy); the
+fit into a hardware profile happens in ``simulator calibrate``. Each section has a share of ``--budget-s`` and
 skips, with a note in the output, the points that would overrun it. The file is rewritten after
 every section, so a run cut short still leaves what it measured.
 """
@@ -26,9 +26,10 @@ import torch
 
 from calibration.microbench import RAW_FORMAT, RAW_VERSION
 from calibration.microbench.attention import attention_cases, run_attention
-from calibration.microbench.collectives import collective_sizes, run_collectives
+from calibration.microbench.collectives import collective_sizes, run_collectives, single_rank_issue_cost
 from calibration.microbench.elementwise import elementwise_sizes, run_elementwise
 from calibration.microbench.gemm import held_out_keys, run_gemms
+from calibration.microbench.host import run_host
 from calibration.microbench.shapes import (
     LayerDims,
     grid_gemms,
@@ -37,8 +38,8 @@ from calibration.microbench.shapes import (
 )
 from calibration.microbench.timing import Budget
 
-SECTIONS = ("gemm", "attention", "elementwise", "collectives")
-SHARES = {"gemm": 0.40, "attention": 0.20, "elementwise": 0.15, "collectives": 0.25}
+SECTIONS = ("gemm", "attention", "elementwise", "collectives", "host")
+SHARES = {"gemm": 0.37, "attention": 0.18, "elementwise": 0.15, "collectives": 0.25, "host": 0.05}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # the model whose layer GEMMs are measured, per device: GPT-3 175B at TP 8 on a GPU (Korthikanti
 # Table 3), GPT-3 125M on a CPU at a short sequence so a quick run stays within a couple of minutes
@@ -87,6 +88,8 @@ def describe_device(device: torch.device, dtype_name: str) -> dict:
         "platform": platform.platform(),
         "cpu": _cpu_name(),
         "cpu_threads": torch.get_num_threads(),
+        "cpu_cores": os.cpu_count(),
+        "load_average": _load_average(),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -104,6 +107,14 @@ def describe_device(device: torch.device, dtype_name: str) -> dict:
     else:
         desc.update(name=_cpu_name(), driver="n/a", device_count=1, memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     return desc
+
+
+def _load_average() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages: how busy the machine was with other work."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _write_atomic(path: Path, data: dict) -> None:
@@ -132,6 +143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (cpu: 1 by default, one core standing for one device, as a rank of the reference loop gets)")
     p.add_argument("--world-size", type=int, default=None, help="collective ranks: GPUs on cuda, 2 on cpu")
+    p.add_argument("--collective-modes", default="isolated,in_loop",
+                   help="isolated (each call alone), in_loop (right after a layer GEMM, as the step issues them)")
     return p.parse_args(argv)
 
 
@@ -157,8 +170,12 @@ def measure(args: argparse.Namespace, log=print) -> dict:
     dtype_name = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
     dtype = DTYPES[dtype_name]
     gpu = args.device == "cuda"
+    threads = args.threads or 1
     if args.threads or not gpu:
-        torch.set_num_threads(args.threads or 1)
+        torch.set_num_threads(threads)
+    modes = tuple(m.strip() for m in args.collective_modes.split(",") if m.strip())
+    if not modes or any(m not in ("isolated", "in_loop") for m in modes):
+        raise SystemExit(f"--collective-modes {args.collective_modes!r}: use isolated, in_loop or both")
     layer = _layer(args)
     total_s = args.budget_s or DEFAULT_BUDGET_S[(args.device, args.quick)]
     warmup, repeats = (3, 10) if args.quick else (5, 20)
@@ -169,8 +186,9 @@ def measure(args: argparse.Namespace, log=print) -> dict:
         "format": RAW_FORMAT, "version": RAW_VERSION,
         "device": describe_device(device, dtype_name),
         "settings": {"quick": args.quick, "budget_s": total_s, "warmup": warmup, "repeats": repeats,
+                     "threads": threads, "collective_modes": list(modes),
                      "layer": {k: getattr(layer, k) for k in layer.__dataclass_fields__}},
-        "gemm": [], "attention": [], "elementwise": [], "collectives": [], "sections": {},
+        "gemm": [], "attention": [], "elementwise": [], "collectives": [], "host": [], "sections": {},
     }
     log(f"measuring {raw['device']['name']} ({args.device}, {dtype_name}), torch {torch.__version__}, "
         f"budget {total_s:.0f} s, sections {','.join(sections)}")
@@ -194,7 +212,9 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                 raw["attention"] = run_attention(cases, dtype, device, budget, causal=True, warmup=warmup,
                                                  repeats=repeats)
             elif section == "elementwise":
-                raw["elementwise"] = run_elementwise(elementwise_sizes(args.quick, args.device), layer.hidden_size,
+                own = (layer.tokens * layer.hidden_size, layer.tokens * layer.ffn_hidden_size // layer.tensor_parallel_size,
+                       layer.micro_batch_size * layer.local_heads * layer.seq_length**2)
+                raw["elementwise"] = run_elementwise(elementwise_sizes(args.quick, args.device, own), layer.hidden_size,
                                                      dtype, device, budget, warmup=warmup, repeats=repeats)
             elif section == "collectives":
                 world = args.world_size or (torch.cuda.device_count() if gpu else 2)
@@ -203,11 +223,21 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                     info["error"] = (f"{world} GPU(s): NCCL needs one GPU per rank, so collectives need at least 2; "
                                      "take collective figures from a multi-GPU run or a published profile")
                 else:
+                    fc1 = next(g for g in layer_gemms(layer) if g.name == "fc1")
                     res = run_collectives(backend="nccl" if gpu else "gloo", world_size=world,
                                           sizes=collective_sizes(args.quick, args.device),
-                                          dtype=dtype, warmup=warmup, repeats=repeats, budget_s=budget.seconds)
+                                          dtype=dtype, warmup=warmup, repeats=repeats, budget_s=budget.seconds,
+                                          modes=modes, compute_shape=(fc1.m, fc1.n, fc1.k), threads=threads)
                     raw["collectives"] = res["points"]
+                    if res.get("host"):
+                        raw["collective_host"] = res["host"]
                     budget.skipped.extend(res["skipped"])
+            elif section == "host":
+                raw["host"] = run_host(device, dtype, micro_batch_shape=(layer.micro_batch_size, layer.seq_length + 1),
+                                       hidden=layer.hidden_size)
+                if gpu and not raw.get("collective_host"):
+                    # one GPU: the host cost of issuing an NCCL call, in a group of one
+                    raw["collective_host"] = single_rank_issue_cost(device, dtype)
         except Exception as exc:  # one broken section must not lose the others
             info["status"] = "failed"
             info["error"] = f"{type(exc).__name__}: {exc}"
@@ -220,6 +250,7 @@ def measure(args: argparse.Namespace, log=print) -> dict:
             + (f"; {info['error']}" if info["error"] else ""))
         _write_atomic(args.out, raw)
     raw["elapsed_s"] = round(time.monotonic() - start, 2)
+    raw["device"]["load_average_end"] = _load_average()
     _write_atomic(args.out, raw)
     return raw
 

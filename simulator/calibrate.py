@@ -34,6 +34,7 @@ from simulator.fitting import (
     fit_gemm,
     measured_ramp,
 )
+from simulator.calibrate_host import fit_host
 from simulator.hardware import GpuSpec, load_gpu
 from simulator.profile import (
     SCHEMA_VERSION,
@@ -294,63 +295,124 @@ def _p2p(rows: list[dict]) -> tuple[float, float, np.ndarray]:
     return lat, 1 / inv_bw / 1e9, (lat + size * inv_bw) / t - 1.0
 
 
-def _fit_collectives(raw: dict, base: HardwareProfile | None) -> tuple[CollectiveParams, list[BlockError], list[str]]:
+def _mode(row: dict) -> str:
+    return row.get("mode", "isolated")  # raw points from before in-loop timing were all isolated
+
+
+def _link_cap_gbps(gpu: GpuSpec) -> float:
+    """The ceiling the cost model puts on a measured link: the spec's per-direction link bandwidth (on a
+    CPU, the shared-memory copy bandwidth that loopback cannot beat)."""
+    return gpu.nvlink_bandwidth_gbps_per_direction
+
+
+def _fit_collectives(raw: dict, base: HardwareProfile | None,
+                     gpu: GpuSpec) -> tuple[CollectiveParams, list[BlockError], list[str]]:
     rows = raw.get("collectives", [])
-    by_kind = {k: [r for r in rows if r["kind"] == k] for k in ("all_reduce", "all_gather", "reduce_scatter", "send_recv")}
-    if len(by_kind["all_reduce"]) < 3 or len(by_kind["send_recv"]) < 2:
+    kinds = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+    by = {(k, m): [r for r in rows if r["kind"] == k and _mode(r) == m] for k in kinds for m in ("isolated", "in_loop")}
+    # The training step issues its collectives right after compute, without a barrier: where they were
+    # timed that way, those times are the link; the isolated ones are kept for comparison.
+    mode = "in_loop" if len(by[("all_reduce", "in_loop")]) >= 3 else "isolated"
+    sweep_rows = by[("all_reduce", mode)]
+    p2p_rows = by[("send_recv", "isolated")]
+    if len(sweep_rows) < 3 or len(p2p_rows) < 2:
         if base is None:
             raise ProfileError("raw points hold too few collective points (3 all-reduce, 2 send/recv) and there is no "
                                "published profile to take them from; measure again with the collectives section")
         why = raw.get("sections", {}).get("collectives", {}).get("error") or "too few collective points"
         return base.collectives, [], [f"collectives not measured ({why}): taken from profile {base.name!r}"]
-    n = int(by_kind["all_reduce"][0]["group_size"])
-    backend = by_kind["all_reduce"][0].get("backend", "?")
-    fits, errors = [], []
-    ar = fit_collective([(r["bytes"], r["time_s"]) for r in by_kind["all_reduce"]], n, kind="all_reduce",
-                        note=f"{backend} all-reduce, {n} ranks on one machine")
+    n = int(sweep_rows[0]["group_size"])
+    backend = sweep_rows[0].get("backend", "?")
+    cap = _link_cap_gbps(gpu)
+    how = {"in_loop": "issued right after a layer GEMM without a barrier, as the training step issues it",
+           "isolated": "each call alone, the ranks entering together"}
+    fits, errors, notes = [], [], []
+    ar = fit_collective([(r["bytes"], r["time_s"]) for r in sweep_rows], n, kind="all_reduce", constrained=True,
+                        cap_gbps=cap, note=f"{backend} all-reduce, {n} ranks on one machine, {how[mode]}")
     fits.append(ar.record)
-    for kind in ("all_gather", "reduce_scatter"):
-        if len(by_kind[kind]) >= 3:
-            f = fit_collective([(r["bytes"], r["time_s"]) for r in by_kind[kind]], n, kind=kind,
-                               note=f"{backend} {kind}: kept for comparison, the link parameters are the all-reduce's")
-            fits.append(f.record)
-    lat, bw, res = _p2p(by_kind["send_recv"])
+    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        for m in ("in_loop", "isolated"):
+            pts = by[(kind, m)]
+            if (kind, m) != ("all_reduce", mode) and len(pts) >= 3:
+                f = fit_collective([(r["bytes"], r["time_s"]) for r in pts], n, kind=kind, constrained=True,
+                                   cap_gbps=cap, note=f"{backend} {kind}, {how[m]}: kept for comparison, the link "
+                                                      f"parameters are the {mode.replace('_', '-')} all-reduce's")
+                fits.append(f.record)
+    lat, bw, res = _p2p(p2p_rows)
     fits.append(FitRecord(columns=("size_bytes", "time_s"),
-                          points=tuple((float(r["bytes"]), float(r["time_s"])) for r in by_kind["send_recv"]),
+                          points=tuple((float(r["bytes"]), float(r["time_s"])) for r in p2p_rows),
                           residuals=tuple(float(x) for x in res), note=f"{backend} send/recv ring, latency + S / bandwidth"))
-    src = f"fitted to {len(by_kind['all_reduce'])} {backend} all-reduce timings over {n} ranks on one machine"
+    src = (f"constrained fit to {len(sweep_rows)} {backend} all-reduce timings over {n} ranks on one machine, "
+           f"{how[mode]}")
     p = ar.params
-    sweep = sorted((r["bytes"], r["time_s"]) for r in by_kind["all_reduce"])
-    notes = []
+    sweep = sorted((r["bytes"], r["time_s"]) for r in sweep_rows)
     if _clean_sweep(sweep):
         # The measured sweep itself is the bandwidth curve between its sizes; the fit covers the rest.
         best_busbw, curve = measured_ramp(sweep, n, latency_s=p["latency_s"])
-        sources = {k: src + "; used only outside the measured sizes" for k in ("half_size_bytes", "ramp_exponent")}
-        sources["max_busbw_gbps"] = f"the best of {len(sweep)} {backend} all-reduce timings, latency taken out"
-        sources["ramp_curve"] = f"the {backend} all-reduce timings over {n} ranks, latency taken out, over the best"
+        if best_busbw > cap:  # the cost model caps the link: a curve over a faster best would not give the points back
+            best_busbw, curve = p["max_busbw_gbps"], None
     else:
         best_busbw, curve = p["max_busbw_gbps"], None
+    if curve is not None:
+        sources = {k: src + "; used only outside the measured sizes" for k in ("half_size_bytes", "ramp_exponent")}
+        sources["max_busbw_gbps"] = (f"the best of {len(sweep)} {backend} all-reduce timings ({how[mode]}), "
+                                     "latency taken out")
+        sources["ramp_curve"] = f"the {backend} all-reduce timings over {n} ranks, latency taken out, over the best"
+    else:
         sources = {k: src for k in ("max_busbw_gbps", "half_size_bytes", "ramp_exponent")}
         notes.append(f"the {backend} all-reduce sweep is noisy (a larger size ran more than "
                      f"{SWEEP_NOISE:.0%} faster than a smaller one), so the smooth fit is used rather than the sweep")
     link = dict(max_busbw_gbps=best_busbw, half_size_bytes=p["half_size_bytes"], ramp_exponent=p["ramp_exponent"],
                 ramp_curve=curve, p2p_bandwidth_gbps=bw, p2p_latency_s=lat)
     sources.update(p2p_bandwidth_gbps=f"fitted to {backend} send/recv", p2p_latency_s=f"fitted to {backend} send/recv")
-    # every rank of this machine is its own node (one device per node), so the whole latency goes to
-    # the inter-node steps: an all-reduce over 2 nodes takes 2 of them, and the intra-node part is 0
-    steps = 2 * (n - 1) if n > 2 else 2
-    network = LinkParams(latency_s=p["latency_s"] / steps, **link, fits=tuple(fits),
-                         sources={**sources, "latency_s": f"fitted all-reduce latency / {steps} inter-node steps"})
-    nvlink = LinkParams(latency_s=0.0, **link, sources={**sources, "latency_s": "no intra-node peer: 0"})
+    if raw["device"]["kind"] == "cpu":
+        # every rank of this machine is its own node (one device per node), so the whole latency goes to
+        # the inter-node steps: an all-reduce over 2 nodes takes 2 of them, and the intra-node part is 0
+        steps = 2 * (n - 1) if n > 2 else 2
+        network = LinkParams(latency_s=p["latency_s"] / steps, **link, fits=tuple(fits),
+                             sources={**sources, "latency_s": f"fitted all-reduce latency / {steps} inter-node steps"})
+        nvlink = LinkParams(latency_s=0.0, **link, sources={**sources, "latency_s": "no intra-node peer: 0"})
+        measured = network
+    else:
+        # the GPUs of one machine talk over NVLink: the measured link is the intra-node one, and the
+        # network between nodes cannot be measured here
+        nvlink = LinkParams(latency_s=p["latency_s"], **link, fits=tuple(fits),
+                            sources={**sources, "latency_s": src})
+        if base is not None:
+            network = base.collectives.network
+            notes.append(f"the inter-node network was not measured (one machine): taken from profile {base.name!r}")
+        else:
+            network = nvlink
+            notes.append("the inter-node network was not measured (one machine) and no published profile has it: "
+                         "the measured intra-node link stands in for it")
+        measured = nvlink
     # The errors are the link model's (the all-reduce sweep and its latency) on every measured
     # collective: all-gather and reduce-scatter were not used to build it.
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
-        if by_kind[kind]:
-            errors.append(_error(f"collectives.{kind}", [
-                (p["latency_s"] + algorithm_factor(kind, n) * r["bytes"] / (ramp(network, r["bytes"]) * best_busbw * 1e9))
-                / r["time_s"] - 1.0 for r in by_kind[kind]]))
+        for m in ("in_loop", "isolated"):
+            if by[(kind, m)]:
+                errors.append(_error(f"collectives.{kind}" + ("" if m == mode else f" ({m.replace('_', '-')})"), [
+                    (p["latency_s"] + algorithm_factor(kind, n) * r["bytes"]
+                     / (ramp(measured, r["bytes"]) * min(best_busbw, cap) * 1e9)) / r["time_s"] - 1.0
+                    for r in by[(kind, m)]]))
     errors.append(_error("collectives.send_recv", res))
+    notes += _concurrent_compute_note(raw, by[("all_reduce", "in_loop")])
     return CollectiveParams(nvlink=nvlink, network=network), errors, notes
+
+
+def _concurrent_compute_note(raw: dict, in_loop: list[dict]) -> list[str]:
+    """How much slower the layer GEMM ran beside the other ranks (in the in-loop timing) than alone (the GEMM
+    section): ranks that share a machine's cores, caches and memory bandwidth, which the cost model does not see."""
+    beside = [r["compute_s"] for r in in_loop if r.get("compute_s")]
+    if not beside:
+        return []
+    m, n, k = in_loop[0]["compute_shape"]
+    alone = [r["time_s"] for r in raw.get("gemm", []) if (r["m"], r["n"], r["k"], r["batch"]) == (m, n, k, 1)]
+    if not alone:
+        return []
+    ratio = float(np.median(beside)) / alone[0]
+    return [f"the {m} x {n} x {k} layer GEMM took {float(np.median(beside)) * 1e3:.3g} ms beside the other "
+            f"{in_loop[0]['group_size'] - 1} rank(s) and {alone[0] * 1e3:.3g} ms alone ({ratio - 1:+.0%})"]
 
 
 SWEEP_NOISE = 0.10
@@ -361,8 +423,20 @@ def _clean_sweep(sweep: list[tuple[float, float]]) -> bool:
     return all(t1 >= t0 * (1 - SWEEP_NOISE) for (_, t0), (_, t1) in zip(sweep, sweep[1:]))
 
 
-def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = None) -> CalibrationResult:
-    """Fit a measured ``HardwareProfile`` to raw points (from ``read_raw``)."""
+def _device_info(device: dict, settings: dict) -> DeviceInfo:
+    text = {k: (str(device[k]) if device.get(k) is not None else None)
+            for k in ("name", "driver", "torch_version", "cuda_version", "date", "host")}
+    load = device.get("load_average")
+    return DeviceInfo(**text, kind=device.get("kind"),
+                      threads=settings.get("threads", device.get("cpu_threads")),
+                      cores=device.get("cpu_cores"),
+                      load_average=tuple(load) if load else None,
+                      load_average_end=tuple(device["load_average_end"]) if device.get("load_average_end") else None)
+
+
+def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = None, check: bool = True) -> CalibrationResult:
+    """Fit a measured ``HardwareProfile`` to raw points (from ``read_raw``); with ``check``, refuse (ProfileError)
+    a profile that gives one of its own points back more than 2x off through the cost model."""
     device = raw["device"]
     cpu = device["kind"] == "cpu"
     gpu = gpu or gpu_for_device(device)
@@ -375,12 +449,14 @@ def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = Non
     gemm, gemm_err, held = _fit_gemm(raw, gpu, cpu)
     elementwise, elt_err = _fit_elementwise(raw, gpu)
     attention, att_err = _fit_attention(raw, gpu, base)
-    collectives, coll_err, notes = _fit_collectives(raw, base)
+    collectives, coll_err, notes = _fit_collectives(raw, base, gpu)
+    host, host_notes = fit_host(raw, base)
+    notes += host_notes
     if base is not None:
         overlap, overlap_src = base.overlap_compute_slowdown, f"not measured here; from {base.name!r}: {base.overlap_source}"
     else:
-        overlap, overlap_src = 0.0, ("not measured: on a CPU, gloo's transfers run on their own threads and the "
-                                     "ranks' compute was timed alone; 0 until a run measures the overlap")
+        overlap, overlap_src = 0.0, ("not measured: on a CPU every op, collectives included, runs on the issuing "
+                                     "thread, so nothing overlaps; 0")
     skipped = {s: len(i.get("skipped", [])) for s, i in raw.get("sections", {}).items() if i.get("skipped")}
     if skipped:
         notes.append(f"points skipped to stay within the time budget: {skipped}")
@@ -389,13 +465,16 @@ def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = Non
         name=name or f"{gpu.name.lower()}-measured",
         source="measured",
         gpu=gpu.name,
-        device=DeviceInfo(**{k: (str(device[k]) if device.get(k) is not None else None)
-                             for k in ("name", "driver", "torch_version", "cuda_version", "date", "host")}),
-        gemm=gemm, elementwise=elementwise, attention=attention, collectives=collectives,
+        device=_device_info(device, raw.get("settings", {})),
+        gemm=gemm, elementwise=elementwise, attention=attention, collectives=collectives, host=host,
         overlap_compute_slowdown=overlap, overlap_source=overlap_src,
         notes="; ".join([f"measured with calibration.measure, settings {json.dumps(raw.get('settings', {}), sort_keys=True)}"]
                         + notes),
     )
+    if check:
+        from simulator.profile_check import check_profile
+
+        notes += check_profile(profile, raw, gpu)
     return CalibrationResult(profile, [gemm_err, *elt_err, *att_err, *coll_err], held, notes)
 
 

@@ -201,12 +201,20 @@ def algorithm_factor(kind: str, n_ranks: int) -> float:
 
 
 def fit_collective(points: Sequence[Sequence], n_ranks: int, *, kind: str = "all_reduce", metric: str = "time_s",
-                   latency_s: float | None = None, fixed: dict | None = None, note: str = "") -> Fit:
+                   latency_s: float | None = None, fixed: dict | None = None, note: str = "",
+                   constrained: bool = False, cap_gbps: float | None = None) -> Fit:
     """Fit a link class to points (size_bytes, time_s), or (size_bytes, busbw_gbps) with ``metric="busbw_gbps"``.
 
-    Model: time = latency + factor * S / busbw(S), busbw(S) = max * S^p / (S^p + half^p). With
+    Model: time = latency + factor * S / busbw(S), busbw(S) = min(max, cap) * S^p / (S^p + half^p). With
     p = 1 the time is linear in S and latency trades off against half; pass ``latency_s`` (from
     small-message data or NCCL's latency model) or fix ``ramp_exponent`` only when the data allow.
+
+    ``cap_gbps`` is the link's ceiling that the cost model applies (the cluster's link bandwidth): the
+    fit uses it too, so its residuals are the cost model's. ``constrained`` keeps a fit to a few noisy
+    points physical, as a measured calibration needs: the latency at least the smallest measured time
+    (a collective never beats its fastest call), the ramp exponent at most 1 (a larger message never
+    takes less time), the half-size inside the measured sizes (no extrapolated knee), the bandwidth
+    at most the cap.
     """
     if n_ranks < 2:
         raise ProfileError(f"a collective fit needs at least 2 ranks, got n_ranks={n_ranks}")
@@ -219,15 +227,23 @@ def fit_collective(points: Sequence[Sequence], n_ranks: int, *, kind: str = "all
     fixed = dict(fixed or {})
     if latency_s is not None:
         fixed["latency_s"] = latency_s
-    start = {"latency_s": float(np.min(t)) / 4, "max_busbw_gbps": float(np.max(f * size / t / 1e9)),
+    cap = float(cap_gbps) if cap_gbps is not None else 1e5
+    start = {"latency_s": float(np.min(t)) / 4, "max_busbw_gbps": min(float(np.max(f * size / t / 1e9)), cap),
              "half_size_bytes": float(np.median(size)), "ramp_exponent": 0.8}
     lower = {"latency_s": 0.0, "max_busbw_gbps": 1e-3, "half_size_bytes": 1.0, "ramp_exponent": 0.1}
-    upper = {"latency_s": 1.0, "max_busbw_gbps": 1e5, "half_size_bytes": 1e12, "ramp_exponent": 3.0}
+    upper = {"latency_s": 1.0, "max_busbw_gbps": cap, "half_size_bytes": 1e12, "ramp_exponent": 3.0}
+    if constrained:
+        t_min = float(np.min(t))
+        lower.update(latency_s=t_min, half_size_bytes=float(np.min(size)))
+        upper.update(ramp_exponent=1.0, half_size_bytes=float(np.max(size)))
+        start.update(latency_s=t_min, ramp_exponent=0.8)
+        if np.min(size) == np.max(size):
+            raise ProfileError("a constrained collective fit needs at least 2 message sizes; measure a size sweep")
     free = [p for p in start if p not in fixed]
 
     def model(x):
         q = {**start, **fixed, **x}
-        return q["latency_s"] + f * size / (q["max_busbw_gbps"] * 1e9) * (
+        return q["latency_s"] + f * size / (min(q["max_busbw_gbps"], cap) * 1e9) * (
             1.0 + (q["half_size_bytes"] / size) ** q["ramp_exponent"])
 
     x, _ = _least_squares(lambda x: model(x) / t - 1.0, free, start, lower, upper)

@@ -227,6 +227,14 @@ class DeviceInfo(BaseModel):
     cuda_version: str | None = None
     date: str | None = None
     host: str | None = None
+    kind: Literal["cpu", "cuda"] | None = Field(None, description="What torch measured on.")
+    threads: int | None = Field(
+        None, gt=0, description="Torch threads per process while measuring; a run validated against the profile "
+                                "must use as many per rank.")
+    cores: int | None = Field(None, gt=0, description="CPU cores the machine has (os.cpu_count()).")
+    load_average: tuple[float, float, float] | None = Field(
+        None, description="1, 5 and 15-minute load averages when measuring began: how busy the machine was.")
+    load_average_end: tuple[float, float, float] | None = Field(None, description="... when it ended.")
 
 
 class HardwareProfile(BaseModel):

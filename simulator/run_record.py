@@ -62,6 +62,15 @@ class RunRecord(BaseModel):
     peak_allocated_bytes_per_stage: list[int] | None = Field(
         None, description="torch.cuda.max_memory_allocated, largest over a stage's ranks (null on CPU)."
     )
+    threads_per_rank: int | None = Field(
+        None, gt=0, description="Torch threads each rank ran with, set and checked by the loop (null: not recorded).")
+    load_average: tuple[float, float, float] | None = Field(
+        None, description="1, 5 and 15-minute load averages when the run began: how busy the machine was.")
+    timers: dict[str, list[list[float]]] | None = Field(
+        None, description="Megatron's per-rank timers (forward-compute, backward-compute, forward-recv, "
+                          "forward-send, backward-recv, backward-send, layernorm-grads-all-reduce, "
+                          "embedding-grads-all-reduce, grads-all-reduce, optimizer, iteration): name -> one list "
+                          "per iteration, warm-up included, of one total per global rank, s.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunRecord":
@@ -76,6 +85,11 @@ class RunRecord(BaseModel):
             )
         if sorted(layer.index for layer in self.layers) != list(range(self.model.num_layers)):
             raise ValueError(f"layers must list each of the {self.model.num_layers} layers once")
+        for name, per_iteration in (self.timers or {}).items():
+            if len(per_iteration) != len(self.iteration_times_s) or any(
+                    len(ranks) != self.world_size or any(t < 0 for t in ranks) for ranks in per_iteration):
+                raise ValueError(f"timer {name!r} must have one list per iteration ({len(self.iteration_times_s)}) "
+                                 f"of {self.world_size} non-negative times, one per rank")
         return self
 
     @property

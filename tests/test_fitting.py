@@ -104,3 +104,34 @@ def test_bad_points_are_profile_errors():
         fit_gemm([(1, 1, 1, 1, "int3", 1.0)], 312e12, 108)
     with pytest.raises(ProfileError, match="ranks"):
         fit_collective([(1, 1.0)], 1)
+
+
+def test_a_constrained_collective_fit_stays_physical_on_points_no_ramp_explains():
+    """A few noisy loopback points once gave 30,609 GB/s, zero latency and the half-size at the 1e12 bound;
+    constrained, the fit keeps the latency at the fastest call, the ramp monotone, the knee inside the
+    measured sizes and the bandwidth under the link's cap."""
+    sizes = [2**10, 2**14, 2**18, 2**21, 2**24]
+    times = [3.8e-3, 3.3e-3, 3.5e-3, 5.8e-3, 29.6e-3]  # a small message slower than a larger one
+    free = fit_collective(list(zip(sizes, times)), 2)
+    fit = fit_collective(list(zip(sizes, times)), 2, constrained=True, cap_gbps=42.0)
+    p = fit.params
+    assert p["latency_s"] >= min(times) * (1 - 1e-9)
+    assert p["ramp_exponent"] <= 1.0 + 1e-9
+    assert min(sizes) <= p["half_size_bytes"] <= max(sizes)
+    assert p["max_busbw_gbps"] <= 42.0
+    assert fit.max_abs_residual < 0.5 and free.params["latency_s"] < min(times)
+    # a larger message never comes back faster than a smaller one
+    model = [p["latency_s"] + s / (p["max_busbw_gbps"] * 1e9) * (1 + (p["half_size_bytes"] / s) ** p["ramp_exponent"])
+             for s in np.geomspace(16, 2**26, 50)]
+    assert all(b >= a for a, b in zip(model, model[1:]))
+    with pytest.raises(ProfileError, match="2 message sizes"):
+        fit_collective([(1024, 1e-3), (1024, 2e-3)], 2, constrained=True)
+
+
+def test_the_cap_is_inside_the_fit():
+    """Points faster than the cap allows: the fit's residuals are what the capped cost model gives."""
+    sizes = np.geomspace(2**10, 2**26, 8)
+    times = [1e-5 + s / 100e9 for s in sizes]  # 100 GB/s, past a 10 GB/s cap
+    fit = fit_collective(list(zip(sizes, times)), 2, cap_gbps=10.0)
+    assert fit.params["max_busbw_gbps"] <= 10.0
+    assert fit.residuals[-1] > 5  # the largest message cannot come back faster than the cap lets it

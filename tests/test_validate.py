@@ -19,7 +19,8 @@ from simulator.run_record import (
     load_run_record,
     write_run_record,
 )
-from simulator.validate import compare, validate
+from simulator.profile import default_profile, save_profile
+from simulator.validate import compare, job_of, validate
 
 MODEL = ModelSpec(name="tiny", num_layers=4, hidden_size=32, num_attention_heads=4, vocab_size=128, seq_length=16)
 
@@ -113,3 +114,96 @@ def test_time_predictions_from_the_engine(tmp_path):
     for layer in v.layers:
         assert layer.forward_s.predicted > 0 and layer.backward_s.predicted > 0
         assert layer.recompute_s.predicted > 0  # selective recompute replays the attention core
+
+
+# --- phases, spread, checks and the verdict
+
+def _timed_record(scale: dict[str, float] | None = None, noise: float = 0.03, threads: int = 1) -> RunRecord:
+    """A run whose Megatron timers are the engine's own phases (times ``scale[phase]``), iterations spread +-noise."""
+    from calibration.reference.timers import TIMER_NAMES
+
+    base = make_record()
+    predicted = validate(base)
+    by_phase = {ph.phase: ph.predicted for ph in predicted.phases}
+    timers = {}
+    for name in TIMER_NAMES:
+        value = by_phase.get(name, 0.0) * (scale or {}).get(name, 1.0)
+        timers[name] = [[value] * base.world_size for _ in base.iteration_times_s]
+    total = sum(t[0][0] for t in timers.values())
+    extra = total - sum(by_phase.values())
+    iteration = predicted.iteration_time_s.predicted + extra
+    timers["iteration"] = [[iteration] * base.world_size for _ in base.iteration_times_s]
+    return base.model_copy(update={"timers": timers, "threads_per_rank": threads,
+                                   "iteration_times_s": [9.0, iteration * (1 - noise), iteration * (1 + noise)]})
+
+
+def test_the_engine_is_cut_into_megatrons_timer_phases():
+    v = validate(make_record())  # a record without timers: the predicted column alone
+    names = [ph.phase for ph in v.phases]
+    # TP 2 with SP, no PP and no DP: compute, SP's gradient all-reduce and the optimizer
+    assert names == ["forward-compute", "backward-compute", "layernorm-grads-all-reduce", "optimizer"]
+    assert all(ph.measured is None and ph.predicted > 0 for ph in v.phases)
+    # the phases are the engine's iteration cut up: they add up to it (one stage, nothing idle)
+    assert sum(ph.predicted for ph in v.phases) == pytest.approx(v.iteration_time_s.predicted, rel=1e-9)
+    record = _timed_record()
+    v = validate(record)
+    assert [ph.phase for ph in v.phases] == ["forward-compute", "backward-compute", "layernorm-grads-all-reduce",
+                                             "optimizer"]
+    assert all(ph.relative_error == pytest.approx(0.0, abs=1e-9) for ph in v.phases)
+    fwd = v.phases[0]
+    assert fwd.predicted > 0 and fwd.measured_min == fwd.measured_max == fwd.measured
+
+
+def test_within_the_runs_noise():
+    v = validate(_timed_record(noise=0.05))
+    assert v.iteration_time_spread == pytest.approx(0.10, rel=1e-6)
+    assert v.verdict.startswith("within the run's noise")
+
+
+def test_the_verdict_says_where_the_error_lives():
+    v = validate(_timed_record(scale={"backward-compute": 2.0}, noise=0.01))
+    assert v.verdict.startswith("iteration time off by -") and "backward-compute" in v.verdict
+    assert v.outside_layers_s is not None and v.outside_layers_s.measured is not None
+
+
+def test_a_run_with_other_threads_than_the_profile_is_not_comparable(tmp_path):
+    profile = default_profile("A100-SXM4-80GB")
+    measured = profile.model_copy(update={"device": profile.device.model_copy(update={"kind": "cpu", "threads": 2})})
+    path = tmp_path / "profile.json"
+    save_profile(measured, path)
+    record_path = tmp_path / "run.json"
+    write_run_record(_timed_record(threads=1), record_path)
+    v = validate(load_run_record(record_path), str(path))
+    threads = next(c for c in v.checks if c.name == "threads")
+    assert threads.ok is False and "--threads 2" in threads.detail
+    assert v.verdict.startswith("not comparable")
+    result = CliRunner().invoke(cli, ["validate", str(record_path), "--profile", str(path)])
+    assert result.exit_code == 0 and "check threads: MISMATCH" in result.output and "verdict: not comparable" in result.output
+    doc = json.loads(CliRunner().invoke(cli, ["validate", str(record_path), "--profile", str(path), "--json"]).output)
+    assert {"phases", "checks", "verdict", "outside_layers_s", "iteration_time_spread"} <= doc.keys()
+
+
+def test_timers_must_have_one_value_per_iteration_and_rank(tmp_path):
+    record = _timed_record()
+    data = json.loads(record.model_dump_json())
+    data["timers"]["forward-compute"][1] = [0.1]  # one rank missing
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(RunRecordError, match="forward-compute"):
+        load_run_record(path)
+
+
+def test_each_stages_phases_add_up_to_the_iteration_under_a_pipeline():
+    """PP 2 with a tied embedding: the first and last stage meet at its all-reduce, where the earlier waits."""
+    from simulator.validate import _time_predictions
+
+    base = make_record("none")
+    plan = base.plan.model_copy(update={"pipeline_parallel_size": 2, "global_batch_size": 8})
+    record = base.model_copy(update={"plan": plan, "world_size": 4})
+    predicted, _ = _time_predictions(job_of(record), record, None)
+    slowest_optimizer = max(ph["optimizer"] for ph in predicted.phases)
+    for stage, phases in enumerate(predicted.phases):
+        # the optimizer step of every stage starts together (the engine's global step); the slowest ends it
+        total = sum(phases.values()) - phases["optimizer"] + slowest_optimizer
+        assert total == pytest.approx(predicted.iteration_s, rel=1e-9), (stage, phases)
+        assert phases["pipeline send/recv"] > 0 and phases["embedding-grads-all-reduce"] > 0

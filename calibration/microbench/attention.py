@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from calibration.microbench.timing import Budget, random_tensor, rotation_count, time_fn
+from calibration.microbench.timing import Budget, random_tensor, rotation_count, time_stable
 
 
 def attention_flops(batch_heads: int, seq: int, head_dim: int, causal: bool) -> float:
@@ -51,19 +51,19 @@ def time_attention(impl: str, batch: int, heads: int, seq: int, head_dim: int, d
     sets = rotation_count(3 * esize * batch * heads * seq * head_dim, device, max_sets=4)
     qkv = [[random_tensor(shape, dtype, device, gen).requires_grad_() for _ in range(3)] for _ in range(sets)]
     grad = random_tensor(shape, dtype, device, gen)
-    fwd = time_fn(lambda i: fn(*qkv[i % sets], causal, dropout_p), device, warmup=warmup, repeats=repeats)
+    fwd = time_stable(lambda i: fn(*qkv[i % sets], causal, dropout_p), device, warmup=warmup, repeats=repeats)
     outs = [fn(*x, causal, dropout_p) for x in qkv]
     # retain_graph lets every repetition replay the same backward
-    bwd = time_fn(lambda i: torch.autograd.grad(outs[i % sets], qkv[i % sets], grad, retain_graph=True), device,
+    bwd = time_stable(lambda i: torch.autograd.grad(outs[i % sets], qkv[i % sets], grad, retain_graph=True), device,
                   warmup=warmup, repeats=repeats)
     flops = attention_flops(batch * heads, seq, head_dim, causal and impl == "fused")
     common = {"impl": impl, "batch": batch, "heads": heads, "batch_heads": batch * heads, "seq": seq,
               "head_dim": head_dim, "causal": causal, "dropout_p": dropout_p,
               "dtype": str(dtype).removeprefix("torch."), "repeats": repeats}
     return [
-        {**common, "pass": "forward", "time_s": fwd.median_s, "spread": fwd.spread, "flops": flops,
+        {**common, "pass": "forward", "time_s": fwd.median_s, "spread": fwd.spread, "tries": fwd.tries, "flops": flops,
          "tflops": flops / fwd.median_s / 1e12},
-        {**common, "pass": "backward", "time_s": bwd.median_s, "spread": bwd.spread, "flops": 2.5 * flops,
+        {**common, "pass": "backward", "time_s": bwd.median_s, "spread": bwd.spread, "tries": bwd.tries, "flops": 2.5 * flops,
          "tflops": 2.5 * flops / bwd.median_s / 1e12},
     ]
 

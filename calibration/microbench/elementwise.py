@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from calibration.microbench.timing import Budget, random_tensor, rotation_count, time_fn
+from calibration.microbench.timing import Budget, random_tensor, rotation_count, time_stable
 
 MASK_BYTES = 1
 
@@ -35,13 +35,19 @@ def _kernels(hidden: int, dtype: torch.dtype, device: torch.device) -> dict[str,
 KERNELS = ("layer_norm", "gelu", "dropout", "softmax", "bias_add_residual", "copy")
 
 
-def elementwise_sizes(quick: bool, device: str) -> list[int]:
-    """Element counts from launch-bound to bandwidth-bound (the largest well past the caches)."""
+def elementwise_sizes(quick: bool, device: str, layer_sizes: tuple[int, ...] = ()) -> list[int]:
+    """Element counts from launch-bound to bandwidth-bound, and the layer's own (its [s, b, h] and
+    [s, b, ffn/t] activations, its attention scores).
+
+    On a CPU the sweep stops at 2^21 elements (8 MiB in fp32): past it every new tensor is a fresh
+    mmap whose first touch page-faults, several times slower per byte, which a layer of a model small
+    enough to train on a CPU never reaches; a larger model's own sizes are still measured.
+    """
     if device == "cpu":
-        exps = [14, 18, 22, 24] if quick else [14, 16, 18, 20, 22, 24, 25]
+        exps = [14, 16, 18, 20] if quick else [14, 15, 16, 17, 18, 19, 20, 21]
     else:
         exps = [16, 20, 24, 27] if quick else [14, 16, 18, 20, 22, 24, 26, 28, 29]
-    return [2**e for e in exps]
+    return sorted({2**e for e in exps} | {n for n in layer_sizes if n > 0})
 
 
 def time_elementwise(kernel: str, numel: int, hidden: int, dtype: torch.dtype, device: torch.device, *,
@@ -54,11 +60,12 @@ def time_elementwise(kernel: str, numel: int, hidden: int, dtype: torch.dtype, d
     gen = torch.Generator(device=device).manual_seed(99)
     xs = [random_tensor((rows, hidden), dtype, device, gen) for _ in range(sets)]
     ys = [random_tensor((rows, hidden), dtype, device, gen) for _ in range(sets)]
-    timing = time_fn(lambda i: fn(xs[i % sets], ys[i % sets]), device, warmup=warmup, repeats=repeats)
+    timing = time_stable(lambda i: fn(xs[i % sets], ys[i % sets]), device, warmup=warmup, repeats=repeats)
     moved = numel * (esize * (reads + writes) + mask)
     t = timing.median_s
     return {"kernel": kernel, "numel": numel, "hidden": hidden, "dtype": str(dtype).removeprefix("torch."),
-            "bytes_moved": moved, "time_s": t, "spread": timing.spread, "gbps": moved / t / 1e9, "repeats": repeats}
+            "bytes_moved": moved, "time_s": t, "spread": timing.spread, "gbps": moved / t / 1e9, "repeats": repeats,
+            "tries": timing.tries}
 
 
 def run_elementwise(sizes: list[int], hidden: int, dtype: torch.dtype, device: torch.device, budget: Budget, *,

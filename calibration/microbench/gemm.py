@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from calibration.microbench.shapes import Gemm
-from calibration.microbench.timing import Budget, random_tensor, rotation_count, time_fn
+from calibration.microbench.timing import Budget, random_tensor, rotation_count, time_stable
 
 
 def time_gemm(g: Gemm, dtype: torch.dtype, device: torch.device, *, warmup: int, repeats: int) -> dict:
@@ -20,12 +20,13 @@ def time_gemm(g: Gemm, dtype: torch.dtype, device: torch.device, *, warmup: int,
     b = [random_tensor(b_shape, dtype, device, gen) for _ in range(sets)]
     out = torch.empty((g.batch, g.m, g.n) if g.batch > 1 else (g.m, g.n), dtype=dtype, device=device)
     mm = torch.bmm if g.batch > 1 else torch.mm
-    timing = time_fn(lambda i: mm(a[i % sets], b[i % sets], out=out), device, warmup=warmup, repeats=repeats)
+    timing = time_stable(lambda i: mm(a[i % sets], b[i % sets], out=out), device, warmup=warmup, repeats=repeats)
     t = timing.median_s
     return {
         "name": g.name, "m": g.m, "n": g.n, "k": g.k, "batch": g.batch,
         "dtype": str(dtype).removeprefix("torch."), "time_s": t, "spread": timing.spread,
         "flops": g.flops, "tflops": g.flops / t / 1e12 if t > 0 else 0.0, "repeats": repeats,
+        "tries": timing.tries,
     }
 
 

@@ -24,6 +24,7 @@ class Timing:
     """Per-repetition times of one benchmark, seconds."""
 
     samples_s: tuple[float, ...]
+    tries: int = 1  # how many times the point was measured (noisy points are measured again)
 
     @property
     def median_s(self) -> float:
@@ -99,6 +100,23 @@ def time_fn(fn: Callable[[int], object], device: torch.device, *, warmup: int = 
             fn(warmup + i)
             samples.append(time.perf_counter() - t0)
     return Timing(tuple(samples))
+
+
+NOISY_SPREAD = 0.5  # (max - min) / median past which a point is measured again
+MAX_TRIES = 3
+
+
+def time_stable(fn: Callable[[int], object], device: torch.device, *, warmup: int = 3, repeats: int = 10,
+                noisy_spread: float = NOISY_SPREAD, max_tries: int = MAX_TRIES) -> Timing:
+    """``time_fn``, measured again (up to ``max_tries`` times in all) while its repetitions spread by more
+    than ``noisy_spread``; the samples of every try are pooled, so the median rests on more of them
+    rather than on the luckiest try."""
+    timing = time_fn(fn, device, warmup=warmup, repeats=repeats)
+    samples, tries = list(timing.samples_s), 1
+    while Timing(tuple(samples)).spread > noisy_spread and tries < max_tries:
+        samples += time_fn(fn, device, warmup=1, repeats=repeats).samples_s
+        tries += 1
+    return Timing(tuple(samples), tries)
 
 
 class Budget:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -65,16 +66,30 @@ def _first_error(output: str) -> str:
     return lines[-1].rstrip(".") if lines else "no output"
 
 
-def launch(nproc: int, train_args: list[str], log: Path, script: Path | None = None, timeout_s: float | None = None) -> None:
-    """Run torchrun; raise RunRecordError naming the first error if any rank fails."""
+def launch(nproc: int, train_args: list[str], log: Path, script: Path | None = None, timeout_s: float | None = None,
+           threads: int = 1) -> None:
+    """Run torchrun with ``threads`` torch threads per rank; raise RunRecordError naming the first error if any
+    rank fails.
+
+    torchrun sets OMP_NUM_THREADS=1 only when it starts more than one process, so a one-process run
+    would take every core where the profile measured one; the variables are set here for any count,
+    and the loop sets and checks torch's thread count itself.
+    """
     env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(threads)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    # its own session, so that a run past its time is stopped with every rank torchrun started (a rank
+    # left behind would keep its GPU's memory from the next run)
+    proc = subprocess.Popen(torchrun_command(nproc, train_args, script), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        done = subprocess.run(torchrun_command(nproc, train_args, script), env=env, capture_output=True, text=True,
-                              timeout=timeout_s)
+        stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        _stop(proc)
         raise RunRecordError(f"the reference run took more than {timeout_s:.0f} s and was stopped; "
                              "use fewer iterations or a smaller model") from None
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(done.stdout + done.stderr)
@@ -84,18 +99,33 @@ def launch(nproc: int, train_args: list[str], log: Path, script: Path | None = N
         )
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """Terminate the launch's process group (torchrun and its ranks), then kill what is left."""
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.communicate(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run_reference(job: Job, *, device: str, iterations: int, out: Path, seed: int = 1234,
-                  script: Path | None = None) -> RunRecord:
-    """One run of ``job`` on ``job.num_gpus`` processes; returns the record it wrote to ``out``."""
+                  script: Path | None = None, threads: int = 1, timeout_s: float | None = None) -> RunRecord:
+    """One run of ``job`` on ``job.num_gpus`` processes of ``threads`` threads; returns the record it wrote to
+    ``out``."""
     out = Path(out)
     out.unlink(missing_ok=True)  # a stale record must not pass for this run's
     args = ["--job", job.model_dump_json(), "--device", device, "--iterations", str(iterations), "--out", str(out),
-            "--seed", str(seed)]
-    launch(job.num_gpus, args, out.with_name(out.name + ".log"), script)
+            "--seed", str(seed), "--threads", str(threads)]
+    launch(job.num_gpus, args, out.with_name(out.name + ".log"), script, timeout_s=timeout_s, threads=threads)
     return load_run_record(out)
 
 
-def run_batch(entries: list[dict], *, nproc: int, device: str, workdir: Path) -> None:
+def run_batch(entries: list[dict], *, nproc: int, device: str, workdir: Path, threads: int = 1) -> None:
     """Several jobs of the same world size in one launch (starting processes is the slow part).
 
     ``entries``: dicts of ``job`` (a Job), ``out``, ``iterations`` and optionally ``dump_gradients``.
@@ -105,4 +135,5 @@ def run_batch(entries: list[dict], *, nproc: int, device: str, workdir: Path) ->
     batch.write_text(json.dumps([{**e, "job": e["job"].model_dump(mode="json"),
                                   **{k: str(e[k]) for k in ("out", "dump_gradients") if e.get(k) is not None}}
                                  for e in entries]))
-    launch(nproc, ["--batch", str(batch), "--device", device], workdir / "batch.log")
+    launch(nproc, ["--batch", str(batch), "--device", device, "--threads", str(threads)], workdir / "batch.log",
+           threads=threads)

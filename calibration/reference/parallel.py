@@ -12,6 +12,7 @@ shard is a contiguous slice of the first dimension.
 from __future__ import annotations
 
 import math
+import warnings
 import zlib
 from dataclasses import dataclass
 
@@ -81,24 +82,57 @@ def _size(group) -> int:
     return dist.get_world_size(group) if group is not None else 1
 
 
+# torch 2.13 names them *_single; older releases *_tensor. gloo has both since torch 2.x (checked on the
+# installed build by tests/calibration/test_reference_loop.py); where a backend lacks them the
+# list-based all-gather and an all-reduce plus slice give the same result.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or getattr(dist, "reduce_scatter_tensor", None)
+_UNSUPPORTED: set[tuple[str, str]] = set()  # (backend, collective) that raised once: use the fallback
+
+
+def _backend(group) -> str:
+    return str(dist.get_backend(group))
+
+
+def _fall_back(group, collective: str) -> None:
+    """Say once that this backend lacks the single-tensor call and the emulation runs instead."""
+    _UNSUPPORTED.add((_backend(group), collective))
+    warnings.warn(f"{_backend(group)} has no single-tensor {collective.replace('_', '-')} in torch "
+                  f"{torch.__version__}; the reference loop emulates it, which moves more data than Megatron does")
+
+
 def all_gather_first_dim(x: torch.Tensor, group) -> torch.Tensor:
-    if _size(group) == 1:
-        return x
-    parts = [torch.empty_like(x) for _ in range(_size(group))]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=0)
-
-
-def reduce_scatter_first_dim(x: torch.Tensor, group) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along the first dimension: one ``all_gather_into_tensor`` call."""
     n = _size(group)
     if n == 1:
         return x
     x = x.contiguous()
-    if dist.get_backend(group) == "nccl":
+    if _ALL_GATHER is not None and (_backend(group), "all_gather") not in _UNSUPPORTED:
+        out = x.new_empty((x.shape[0] * n,) + tuple(x.shape[1:]))
+        try:
+            _ALL_GATHER(out, x, group=group)
+            return out
+        except (RuntimeError, NotImplementedError):
+            _fall_back(group, "all_gather")
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim=0)
+
+
+def reduce_scatter_first_dim(x: torch.Tensor, group) -> torch.Tensor:
+    """Sum over ranks and keep this rank's slice of the first dimension: one ``reduce_scatter_tensor`` call."""
+    n = _size(group)
+    if n == 1:
+        return x
+    x = x.contiguous()
+    if _REDUCE_SCATTER is not None and (_backend(group), "reduce_scatter") not in _UNSUPPORTED:
         out = x.new_empty((x.shape[0] // n,) + tuple(x.shape[1:]))
-        dist.reduce_scatter_tensor(out, x, group=group)
-        return out
-    # gloo has no reduce-scatter: all-reduce and keep this rank's slice (same result)
+        try:
+            _REDUCE_SCATTER(out, x, group=group)
+            return out
+        except (RuntimeError, NotImplementedError):
+            _fall_back(group, "reduce_scatter")
+    # a backend without reduce-scatter: all-reduce and keep this rank's slice (same result, twice the traffic)
     total = x.clone()
     dist.all_reduce(total, group=group)
     return total.chunk(n, dim=0)[dist.get_rank(group)].contiguous()

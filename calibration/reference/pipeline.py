@@ -4,21 +4,25 @@ The steps come from ``simulator.schedules`` (the same tuples the engine plays): 
 runs ``schedule[s]`` in order. Chunk ``c`` of stage ``s`` is model chunk ``c * p + s``, so its
 input comes from stage ``s - 1`` (or, on stage 0, from stage ``p - 1``'s previous chunk) and its
 output goes the other way round. Sends are non-blocking and waited for at the end of the
-iteration; receives block. Each message has a tag of (micro-batch, chunk, direction) so that
+iteration (gloo's and NCCL's sends wait for the matching receive, so blocking ones would deadlock
+a 1F1B step that sends before it receives); receives block. Each message has a tag of (micro-batch, chunk, direction) so that
 activations and gradients travelling between the same two ranks never match the wrong receive
 (gloo honours tags; NCCL delivers in order, which 1F1B respects).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from calibration.reference.grads import GradBuffer
 from calibration.reference.meter import LayerProbe
 from calibration.reference.model import GPTChunk
 from calibration.reference.parallel import ParallelGroups
+from calibration.reference.timers import Timers
 from simulator.schedules import Phase, Schedule
 
 
@@ -38,55 +42,82 @@ def run_schedule(
     device: torch.device,
     probe: LayerProbe | None = None,
     measure_first_micro_batch: bool = False,
+    timers: Timers | None = None,
+    grads: list[GradBuffer] | None = None,
 ) -> torch.Tensor:
-    """Forward and backward of every micro-batch on this stage; returns the summed loss (last stage) or 0."""
+    """Forward and backward of every micro-batch on this stage; returns the summed loss (last stage) or 0.
+
+    ``timers`` get Megatron's compute and send/receive timers; ``grads[c]`` (chunk c's gradient
+    buffer) is told before chunk c's last backward, so that its buckets can reduce as they fill.
+    """
     p, s = groups.pp_size, groups.pp_rank
     v = len(chunks)
     total_chunks = p * v
+    timed = timers if timers is not None else _untimed
+    last_backward = {}
+    for i, step in enumerate(schedule[s]):
+        if step.phase is not Phase.forward:
+            last_backward[step.chunk] = i
     inputs: dict[tuple[int, int], torch.Tensor] = {}
     outputs: dict[tuple[int, int], torch.Tensor] = {}
-    pending: list = []
+    pending: list = []  # (work, tensor, timer name)
     loss_sum = torch.zeros((), device=device, dtype=torch.float32)
-    for step in schedule[s]:
+    for i, step in enumerate(schedule[s]):
         mb, c = step.micro_batch, step.chunk
         model_chunk = c * p + s
         chunk = chunks[c]
         if step.phase is Phase.forward:
-            tokens, targets = micro_batch(mb)
             hidden = None
             if model_chunk > 0:
-                hidden = torch.empty(activation_shape, dtype=dtype, device=device)
-                dist.recv(hidden, src=groups.stage_rank((s - 1) % p), tag=_tag(mb, model_chunk, False, total_chunks))
+                with timed("forward-recv"):
+                    hidden = torch.empty(activation_shape, dtype=dtype, device=device)
+                    dist.recv(hidden, src=groups.stage_rank((s - 1) % p),
+                              tag=_tag(mb, model_chunk, False, total_chunks))
                 hidden.requires_grad_(True)
-            if probe is not None:
-                probe.chunk = chunk
-                probe.measure_bytes = measure_first_micro_batch and mb == 0
-            out = chunk(hidden, tokens, targets, probe)
-            if probe is not None:
-                probe.measure_bytes = False
+            with timed("forward-compute"):
+                tokens, targets = micro_batch(mb)
+                if probe is not None:
+                    probe.chunk = chunk
+                    probe.measure_bytes = measure_first_micro_batch and mb == 0
+                out = chunk(hidden, tokens, targets, probe)
+                if probe is not None:
+                    probe.measure_bytes = False
+                if model_chunk == total_chunks - 1:
+                    out = out / num_micro_batches
+                    loss_sum += out.detach().float()
             inputs[(mb, c)] = hidden
-            if model_chunk == total_chunks - 1:
-                out = out / num_micro_batches
-                loss_sum += out.detach().float()
-            else:
-                send = out.detach().contiguous()
-                pending.append((dist.isend(send, dst=groups.stage_rank((s + 1) % p),
-                                           tag=_tag(mb, model_chunk + 1, False, total_chunks)), send))
+            if model_chunk != total_chunks - 1:
+                with timed("forward-send"):
+                    send = out.detach().contiguous()
+                    pending.append((dist.isend(send, dst=groups.stage_rank((s + 1) % p),
+                                               tag=_tag(mb, model_chunk + 1, False, total_chunks)), send,
+                                    "forward-send"))
             outputs[(mb, c)] = out
         else:
             out = outputs.pop((mb, c))
-            if model_chunk == total_chunks - 1:
-                torch.autograd.backward(out)
-            else:
-                grad = torch.empty(activation_shape, dtype=dtype, device=device)
-                dist.recv(grad, src=groups.stage_rank((s + 1) % p), tag=_tag(mb, model_chunk, True, total_chunks))
+            grad = None
+            if model_chunk != total_chunks - 1:
+                with timed("backward-recv"):
+                    grad = torch.empty(activation_shape, dtype=dtype, device=device)
+                    dist.recv(grad, src=groups.stage_rank((s + 1) % p), tag=_tag(mb, model_chunk, True, total_chunks))
+            if grads is not None and last_backward[c] == i:
+                grads[c].start_last_micro_batch()
+            with timed("backward-compute"):
                 torch.autograd.backward(out, grad)
             hidden = inputs.pop((mb, c))
             if model_chunk > 0:
-                send = hidden.grad.contiguous()
-                pending.append((dist.isend(send, dst=groups.stage_rank((s - 1) % p),
-                                           tag=_tag(mb, model_chunk - 1, True, total_chunks)), send))
-    for work, _ in pending:
-        work.wait()
+                with timed("backward-send"):
+                    send = hidden.grad.contiguous()
+                    pending.append((dist.isend(send, dst=groups.stage_rank((s - 1) % p),
+                                               tag=_tag(mb, model_chunk - 1, True, total_chunks)), send,
+                                    "backward-send"))
+    for work, _, name in pending:
+        with timed(name):
+            work.wait()
     assert not inputs and not outputs, "the schedule left forwards without their backward"
     return loss_sum
+
+
+@contextmanager
+def _untimed(name: str):
+    yield

@@ -1,9 +1,11 @@
 """The reference training loop: ``torchrun --nproc-per-node TPxPPxDP calibration/reference/train.py --job JSON``.
 
-``simulator reference`` starts it for you. Each rank builds its model chunks, plays the
-simulator's pipeline schedule over synthetic tokens, reduces gradients (sequence-parallel
-parameters over TP, the tied embedding over the first and last stage, everything over DP) and
-steps Adam. Rank 0 writes the run record at the end, so a run that crashes leaves none.
+``simulator reference`` starts it for you. Each rank (one torch thread, set and checked)
+builds its model chunks, plays the simulator's pipeline schedule over synthetic tokens,
+accumulates gradients into an fp32 buffer, reduces them as Megatron-Core does (data-parallel
+buckets, sequence-parallel parameters over TP in one call, the tied embedding over the first and
+last stage) and steps Adam, under Megatron's named timers. Rank 0 writes the run record at the
+end, so a run that crashes leaves none.
 
 fp32 on CPU (gloo); bf16 or fp16 on CUDA (NCCL) with fp32 master weights and Adam state, as
 Megatron keeps them.
@@ -24,6 +26,7 @@ if __package__ in (None, ""):  # run as a script by torchrun: make the checkout 
 import torch
 import torch.distributed as dist
 
+from calibration.reference.grads import GradBuffer, all_reduce_coalesced
 from calibration.reference.launch import check_supported
 from calibration.reference.meter import Clock, LayerProbe
 from calibration.reference.model import (
@@ -34,6 +37,7 @@ from calibration.reference.model import (
 )
 from calibration.reference.parallel import ParallelGroups, all_reduce, build_groups
 from calibration.reference.pipeline import run_schedule
+from calibration.reference.timers import TIMER_NAMES, Timers
 from simulator.errors import SimulatorError
 from simulator.plan import Job, Precision
 from simulator.run_record import LayerRecord, RunRecord, write_run_record
@@ -50,7 +54,8 @@ def synthetic_batch(job: Job, iteration: int, seed: int) -> torch.Tensor:
 
 
 class MixedPrecisionAdam:
-    """Adam on fp32 master copies of low-precision weights (plain Adam when the model is fp32)."""
+    """Adam on fp32 master copies of low-precision weights (plain Adam when the model is fp32), stepping on
+    the fp32 ``main_grad`` of each parameter (Megatron's ``Float16OptimizerWithFloat16Params``)."""
 
     def __init__(self, params: list[torch.nn.Parameter], lr: float) -> None:
         self.params = params
@@ -59,41 +64,39 @@ class MixedPrecisionAdam:
         self.adam = torch.optim.Adam(self.master, lr=lr)
 
     def step(self) -> None:
-        if not self.fp32:
-            for p, m in zip(self.params, self.master):
-                m.grad = p.grad.float()
+        for p, m in zip(self.params, self.master):
+            m.grad = p.main_grad  # a view of the fp32 buffer, no copy
         self.adam.step()
-        if not self.fp32:
-            with torch.no_grad():
-                for p, m in zip(self.params, self.master):
+        with torch.no_grad():
+            for p, m in zip(self.params, self.master):
+                if not self.fp32:
                     p.copy_(m)
-                    m.grad = None
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
+                m.grad = None
 
 
-def finish_gradients(chunks: list[GPTChunk], groups: ParallelGroups) -> None:
-    """The reductions after the last backward; each is a sum, so their order does not matter."""
-    params = [p for c in chunks for p in c.parameters()]
-    for p in params:
-        if getattr(p, "sequence_parallel", False):  # each TP rank saw only its sequence shard
-            all_reduce(p.grad, groups.tp)
+def finish_gradients(chunks: list[GPTChunk], grads: list[GradBuffer], groups: ParallelGroups, timers: Timers) -> None:
+    """The reductions after the last backward, in Megatron's order (``finalize_model_grads``): the data-parallel
+    buckets, sequence parallelism's replicated parameters over TP, the tied embedding between the stages."""
+    with timers("grads-all-reduce"):
+        for buffer in grads:
+            buffer.reduce()
+    sequence_parallel = [p.main_grad for c in chunks for p in c.parameters() if getattr(p, "sequence_parallel", False)]
+    if sequence_parallel and groups.tp_size > 1:
+        with timers("layernorm-grads-all-reduce"):
+            all_reduce_coalesced(sequence_parallel, groups.tp)
     if groups.embedding is not None:
-        for c in chunks:
-            word = c.embedding.word.weight if c.embedding is not None else (c.output_word.weight if c.post_process else None)
-            if word is not None:
-                all_reduce(word.grad, groups.embedding)
-    if groups.dp_size > 1:
-        for p in params:
-            all_reduce(p.grad, groups.dp).div_(groups.dp_size)
+        words = [c.embedding.word.weight if c.embedding is not None else c.output_word.weight
+                 for c in chunks if c.embedding is not None or (c.post_process and c.output_word is not None)]
+        with timers("embedding-grads-all-reduce"):
+            for word in words:
+                all_reduce(word.main_grad, groups.embedding)
 
 
 def dump_gradients(chunks: list[GPTChunk], groups: ParallelGroups, directory: Path) -> None:
     """Each rank's gradient shards by global name, for tests that reassemble and compare them."""
     directory.mkdir(parents=True, exist_ok=True)
-    grads = {p.global_name: (p.grad.detach().float().cpu(), p.partition_dim) for c in chunks for p in c.parameters()}
+    grads = {p.global_name: (p.main_grad.detach().float().cpu().clone(), p.partition_dim)
+             for c in chunks for p in c.parameters()}
     torch.save({"tp_rank": groups.tp_rank, "tp_size": groups.tp_size, "dp_rank": groups.dp_rank, "grads": grads},
                directory / f"rank{groups.rank}.pt")
 
@@ -104,11 +107,19 @@ def describe_device(device: torch.device) -> str:
     return f"cpu ({torch.get_num_threads()} threads per rank)"
 
 
+def load_average() -> tuple[float, float, float] | None:
+    try:
+        return tuple(round(x, 2) for x in os.getloadavg())
+    except OSError:
+        return None
+
+
 def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
-          dump_dir: Path | None = None) -> RunRecord | None:
+          dump_dir: Path | None = None, threads: int | None = None) -> RunRecord | None:
     """Run ``iterations`` steps; rank 0 returns the record, the other ranks None."""
     plan, model = job.plan, job.model
     p, v, t = plan.pipeline_parallel_size, plan.virtual_pipeline_stages, plan.tensor_parallel_size
+    load = load_average()
     groups = build_groups(t, p, plan.data_parallel_size)
     dtype = DTYPES[plan.precision]
     # TP ranks share a seed: dropouts on replicated activations must agree across them
@@ -120,12 +131,16 @@ def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
                  seed=seed, dtype=dtype, device=device)
         for c in range(v)
     ]
+    grads = [GradBuffer(list(c.parameters()), dp_group=groups.dp, dp_size=groups.dp_size,
+                        bucket_params=plan.ddp_bucket_size, overlap=plan.overlap_grad_reduce, device=device)
+             for c in chunks]
     optimizer = MixedPrecisionAdam([q for c in chunks for q in c.parameters()], lr)
     m = plan.num_micro_batches
     schedule = build_schedule(p, m, v, schedule_kind(plan))
     s_local = model.seq_length // t if plan.sequence_parallel else model.seq_length
     activation_shape = (s_local, plan.micro_batch_size, model.hidden_size)
     probe = LayerProbe(Clock(device))
+    timers = Timers(device)
     measures = groups.tp_rank == 0 and groups.dp_rank == 0
     warmup = 1 if iterations > 1 else 0
     times, losses = [], []
@@ -146,29 +161,38 @@ def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
         start = time.perf_counter()
         loss = run_schedule(chunks=chunks, schedule=schedule, groups=groups, micro_batch=micro_batch,
                             num_micro_batches=m, activation_shape=activation_shape, dtype=dtype, device=device,
-                            probe=probe if measures else None, measure_first_micro_batch=it == 0)
-        finish_gradients(chunks, groups)
+                            probe=probe if measures else None, measure_first_micro_batch=it == 0, timers=timers,
+                            grads=grads)
+        finish_gradients(chunks, grads, groups, timers)
         if dump_dir is not None and it == iterations - 1:
             dump_gradients(chunks, groups, dump_dir)
-        optimizer.step()
-        optimizer.zero_grad()
+        with timers("optimizer"):
+            optimizer.step()
+            for buffer in grads:
+                buffer.zero()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        elapsed = time.perf_counter() - start
+        timers.end_iteration()
+        slowest = torch.tensor([elapsed], dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         is_loss_rank = groups.pp_rank == p - 1 and groups.tp_rank == 0
         total = (loss.double() if is_loss_rank else torch.zeros((), dtype=torch.float64, device=device)).reshape(1)
         dist.all_reduce(total)
-        times.append(elapsed.item())
+        times.append(slowest.item())
         losses.append(total.item() / plan.data_parallel_size)
+        timers.iterations[-1]["iteration"] = elapsed
         if measures:
             probe.resolve()
-    return _record(job, groups, probe if measures else None, device, seed, warmup, times, losses)
+    return _record(job, groups, probe if measures else None, timers, device, seed, warmup, times, losses,
+                   threads, load)
 
 
-def _record(job: Job, groups: ParallelGroups, probe: LayerProbe | None, device: torch.device, seed: int,
-            warmup: int, times: list[float], losses: list[float]) -> RunRecord | None:
-    mine = {"stage": groups.pp_rank, "layers": probe.summary() if probe is not None else {}}
+def _record(job: Job, groups: ParallelGroups, probe: LayerProbe | None, timers: Timers, device: torch.device,
+            seed: int, warmup: int, times: list[float], losses: list[float], threads: int | None,
+            load: tuple[float, float, float] | None) -> RunRecord | None:
+    mine = {"stage": groups.pp_rank, "layers": probe.summary() if probe is not None else {},
+            "timers": timers.iterations}
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (mine, peak))
@@ -188,11 +212,14 @@ def _record(job: Job, groups: ParallelGroups, probe: LayerProbe | None, device: 
         per_rank = [peak for _, peak in gathered]
         stage_of = [r // (job.plan.tensor_parallel_size * job.plan.data_parallel_size) for r in range(len(per_rank))]
         peaks = [max(x for x, s in zip(per_rank, stage_of) if s == stage) for stage in range(p)]
+    names = [*TIMER_NAMES, "iteration"]
+    per_timer = {name: [[entry["timers"][i][name] for entry, _ in gathered] for i in range(len(times))]
+                 for name in names}
     return RunRecord(
         model=job.model, plan=job.plan, cluster=job.cluster.name, device=describe_device(device),
         world_size=dist.get_world_size(), torch_version=torch.__version__, seed=seed, warmup_iterations=warmup,
         iteration_times_s=times, losses=losses, layers=sorted(layers, key=lambda r: r.index),
-        peak_allocated_bytes_per_stage=peaks,
+        peak_allocated_bytes_per_stage=peaks, threads_per_rank=threads, load_average=load, timers=per_timer,
     )
 
 
@@ -224,9 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--dump-gradients", type=Path, help="Directory for each rank's last gradients (tests).")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="Torch threads per rank (Megatron's one; a CPU profile must have been measured with as many).")
     args = parser.parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
+        if args.threads < 1:
+            raise SimulatorError(f"--threads {args.threads} must be at least 1")
+        torch.set_num_threads(args.threads)
+        if torch.get_num_threads() != args.threads:
+            raise SimulatorError(f"torch runs {torch.get_num_threads()} threads per rank although {args.threads} were "
+                                 "asked for; check OMP_NUM_THREADS and MKL_NUM_THREADS")
         entries = _jobs(args)
         for entry in entries:
             job = entry["job"]
@@ -250,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.reset_peak_memory_stats(device)
             dump = entry.get("dump_gradients")
             record = train(entry["job"], device, entry["iterations"], args.seed, args.lr,
-                           Path(dump) if dump else None)
+                           Path(dump) if dump else None, threads=args.threads)
             if record is not None and entry.get("out"):
                 write_run_record(record, entry["out"])
     finally:

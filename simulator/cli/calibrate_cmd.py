@@ -25,10 +25,24 @@ def render(result, out: Path) -> str:
              f"  {'block':30s} {'points':>6s} {'rms':>8s} {'max':>8s}"]
     for e in result.fit_errors:
         lines.append(f"  {e.block:30s} {e.points:6d} {e.rms * 100:7.1f}% {e.max_abs * 100:7.1f}%")
+    d = p.device
+    if d.threads or d.load_average:
+        load = (f", load average {d.load_average[0]:.2f} at the start" if d.load_average else "") + \
+               (f" and {d.load_average_end[0]:.2f} at the end" if d.load_average_end else "")
+        lines.insert(1, f"{d.kind or 'device'}: {d.threads} thread(s) per process"
+                        + (f" of {d.cores} cores" if d.cores else "") + load)
     g = p.gemm
     lines += ["", f"GEMM model: max efficiency {g.max_efficiency:.3f}, k_half {g.k_half:.0f}, "
               f"alignment {g.alignment_bytes} B (misaligned x{g.misaligned_factor:.2f}), "
               f"launch {g.launch_overhead_s * 1e6:.1f} us"]
+    link = p.collectives.network if d.kind == "cpu" else p.collectives.nvlink
+    lines.append(f"link: latency {link.latency_s * 1e6:.0f} us per step, {link.max_busbw_gbps:.3g} GB/s bus bandwidth, "
+                 f"half-size {link.half_size_bytes:,.0f} B, ramp exponent {link.ramp_exponent:.2f}")
+    if p.host is not None:
+        h = p.host
+        lines.append(f"host: {h.op_s * 1e6:.1f} us per op, {h.backward_op_s * 1e6:.1f} us per backward op, "
+                     f"{h.collective_s * 1e6:.1f} us per collective, {h.micro_batch_s * 1e6:.1f} us per micro-batch, "
+                     f"{h.iteration_s * 1e3:.2f} ms per iteration")
     if result.held_out:
         lines += ["", "held-out GEMMs (not fitted), predicted vs measured:",
                   f"  {'m x n x k (x batch)':26s} {'measured':>11s} {'predicted':>11s} {'error':>8s}"]

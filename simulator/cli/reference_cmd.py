@@ -33,7 +33,10 @@ Examples:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("reference-run.json"),
               show_default=True, help="Where to write the run record (JSON).")
 @click.option("--seed", type=int, default=1234, show_default=True, help="Seed of the weights, data and dropout.")
-def reference(device: str, iterations: int, out: Path, seed: int, **options: Any) -> None:
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Torch threads per rank, set and checked (Megatron runs one; validate against a profile "
+                   "measured with as many).")
+def reference(device: str, iterations: int, out: Path, seed: int, threads: int, **options: Any) -> None:
     """Train the model with the plan for a few iterations under torchrun (TP x PP x DP processes)."""
     from calibration.reference.launch import check_supported, run_reference
 
@@ -49,11 +52,12 @@ def reference(device: str, iterations: int, out: Path, seed: int, **options: Any
         options["attention_backend"] = "unfused"  # what the loop implements: Megatron's own attention
     job = job_from_options(**options)
     check_supported(job)
-    record = run_reference(job, device=device, iterations=iterations, out=out, seed=seed)
+    record = run_reference(job, device=device, iterations=iterations, out=out, seed=seed, threads=threads)
     if options["as_json"]:
         click.echo(record.model_dump_json(indent=2))
         return
-    click.echo(f"{job.model.name}: {job.num_gpus} processes on {record.device}, {len(record.losses)} iterations")
+    click.echo(f"{job.model.name}: {job.num_gpus} processes on {record.device}, {len(record.losses)} iterations"
+               + (f", load average {record.load_average[0]:.2f}" if record.load_average else ""))
     click.echo(f"losses: {', '.join(f'{x:.4f}' for x in record.losses)}")
     click.echo(f"iteration time: {mean(record.timed_iteration_times_s):.4f} s "
                f"(mean after {record.warmup_iterations} warm-up)")

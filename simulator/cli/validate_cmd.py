@@ -25,6 +25,13 @@ def _error(c: Comparison) -> str:
     return "-" if c.relative_error is None else f"{c.relative_error:+.1%}"
 
 
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [r[0].ljust(widths[0]) + "  " + "  ".join(x.rjust(w) for x, w in zip(r[1:], widths[1:])) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return lines
+
+
 def render(v: Validation) -> str:
     rows = [("quantity", "predicted", "measured", "error")]
 
@@ -32,6 +39,8 @@ def render(v: Validation) -> str:
         rows.append((name, _value(c.predicted, unit), _value(c.measured, unit), _error(c)))
 
     add("iteration time", v.iteration_time_s, "s")
+    if v.outside_layers_s is not None:
+        add("outside the layers (critical stage)", v.outside_layers_s, "s")
     add("activation bytes per layer (mean)", v.activation_bytes_per_layer, "B")
     for layer in v.layers:
         tag = f"layer {layer.index} (stage {layer.stage}, {layer.recompute_granularity.value})"
@@ -42,10 +51,25 @@ def render(v: Validation) -> str:
         add(f"{tag} activations", layer.activation_bytes, "B")
     for stage, c in enumerate(v.peak_memory_bytes_per_stage or []):
         add(f"stage {stage} peak allocated memory", c, "B")
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = [r[0].ljust(widths[0]) + "  " + "  ".join(x.rjust(w) for x, w in zip(r[1:], widths[1:])) for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join([f"{v.run} ({v.device})"] + lines + [f"note: {n}" for n in v.notes])
+    lines = [f"{v.run} ({v.device})"]
+    if v.verdict:
+        lines.append(f"verdict: {v.verdict}")
+    lines += _table(rows)
+    if v.phases:
+        spread = f", iterations spread {v.iteration_time_spread:.1%}" if v.iteration_time_spread is not None else ""
+        lines += ["", f"per iteration, Megatron's timers (mean over timed iterations and the stage's ranks{spread}):"]
+        phase_rows = [("phase", "stage", "predicted", "measured", "error", "measured range")]
+        for ph in v.phases:
+            c = Comparison(predicted=ph.predicted, measured=ph.measured, relative_error=ph.relative_error)
+            span = (f"{_value(ph.measured_min, 's')} .. {_value(ph.measured_max, 's')}"
+                    if ph.measured_min is not None else "-")
+            phase_rows.append((ph.phase, str(ph.stage), _value(ph.predicted, "s"), _value(ph.measured, "s"),
+                               _error(c), span))
+        lines += _table(phase_rows)
+    for check in v.checks:
+        mark = {True: "ok", False: "MISMATCH", None: "info"}[check.ok]
+        lines.append(f"check {check.name}: {mark}: {check.detail}")
+    return "\n".join(lines + [f"note: {n}" for n in v.notes])
 
 
 EXAMPLES = """

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -170,18 +171,34 @@ def test_measure_entry_point_on_cpu(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/bin/bash").exists(), reason="needs bash")
-def test_gpu_session_script_runs_its_cpu_path(tmp_path):
-    env = {**os.environ, "CALIBRATION_DEVICE": "cpu", "CALIBRATION_TOTAL_S": "100", "PYTHON": sys.executable,
-           "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(["bash", str(REPO / "calibration" / "gpu_session.sh"), str(tmp_path / "out"), "--quick"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
+def test_gpu_session_script_dry_run_on_the_cpu(tmp_path):
+    """The GPU session's steps on the CPU with a tiny model: measure for the model's shapes, the three
+    reference runs, every record under the output folder, inside the script's own time limit."""
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "SESSION_TOTAL_S": "120",
+           "REFERENCE_S": "60"}
+    proc = subprocess.run(["bash", str(REPO / "calibration" / "gpu_session.sh"), str(tmp_path / "out"), "--dry-run",
+                           "--quick"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "out"
     raw = json.loads((out / "raw.json").read_text())
-    assert set(raw["sections"]) == {"gemm", "attention", "elementwise", "collectives"}
+    assert set(raw["sections"]) == {"gemm", "attention", "elementwise", "collectives", "host"}
     assert all(info["status"] == "done" for info in raw["sections"].values()), raw["sections"]
-    assert {p["kernel"] for p in raw["elementwise"]} == set(KERNELS)
+    assert raw["settings"]["layer"]["hidden_size"] == 64  # the tiny model's shapes, not GPT-3's
     assert {p["kind"] for p in raw["collectives"]} == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
+    assert {p["mode"] for p in raw["collectives"]} == {"isolated", "in_loop"}
+    for granularity in ("none", "selective", "full"):
+        record = json.loads((out / f"run-{granularity}.json").read_text())
+        assert record["plan"]["recompute"]["granularity"] == granularity and record["threads_per_rank"] == 1
     log = (out / "session.log").read_text()
-    assert "== environment" in log and "torch" in log and "== fit" in log
-    assert (out / "profile.json").is_file()  # pydantic is installed here, so the script fits too
+    assert "== environment" in log and "== reference runs" in log and "== fit" in log
+    # every step took its share of what was left: the script ends inside its own limit (120 s here)
+    assert int(re.search(r"== done \(t=\d+ s, (-?\d+) s left\)", log).group(1)) >= 0
+    assert "numpy" not in proc.stderr  # nothing asked for numpy
+    # the fit runs here (numpy and scipy are installed): a profile, or the one sentence of a refusal
+    assert (out / "profile.json").is_file() or "so the profile was not written" in log
+
+
+def test_gpu_session_script_rejects_bad_arguments(tmp_path):
+    proc = subprocess.run(["bash", str(REPO / "calibration" / "gpu_session.sh"), str(tmp_path), "--modle", "x"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "usage" in proc.stderr

@@ -59,3 +59,24 @@ def test_an_unsupported_plan_exits_2_before_starting_processes(tmp_path):
     result = CliRunner().invoke(cli, ["reference", "--model", str(path), *ARGS, "--out", str(tmp_path / "r.json")])
     assert result.exit_code == 2
     assert "does not implement swiglu" in result.output
+
+
+def test_a_run_past_its_time_is_stopped_with_its_ranks(tmp_path):
+    """A run stopped for time must not leave ranks behind (on a GPU they would hold the next run's memory)."""
+    import os
+    import time
+
+    from simulator.errors import RunRecordError
+
+    slow = tmp_path / "slow.py"
+    slow.write_text("import os, pathlib, time\n"
+                    f"pathlib.Path({str(tmp_path)!r}, f'rank{{os.environ[\"RANK\"]}}.pid').write_text(str(os.getpid()))\n"
+                    "time.sleep(120)\n")
+    with pytest.raises(RunRecordError, match="was stopped"):
+        launch.launch(2, [], tmp_path / "slow.log", slow, timeout_s=12)
+    pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    assert pids  # the ranks had started
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in pids):
+        time.sleep(0.2)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)

@@ -45,6 +45,8 @@ LAYOUTS = {  # name -> (processes, job); "single" is the reference every layout 
     "pp2": (2, _job(NO_DROPOUT, pipeline_parallel_size=2)),
     "pp2-vpp2": (2, _job(NO_DROPOUT, pipeline_parallel_size=2, virtual_pipeline_stages=2)),
     "dp2": (2, _job(NO_DROPOUT, data_parallel_size=2)),
+    # buckets of 5,000 parameters reduced as they fill during the last backward (several per chunk)
+    "dp2-buckets": (2, _job(NO_DROPOUT, data_parallel_size=2, overlap_grad_reduce=True, ddp_bucket_size=5000)),
     "tp2-pp2": (4, _job(NO_DROPOUT, tensor_parallel_size=2, pipeline_parallel_size=2)),
     "tp2-pp2-sp": (4, _job(NO_DROPOUT, tensor_parallel_size=2, pipeline_parallel_size=2, sequence_parallel=True)),
 }
@@ -157,3 +159,58 @@ def test_records_carry_times_for_every_layer(runs):
     for layer in runs["tp2-selective"][0].layers:
         assert layer.recompute_s > 0
     assert all(t > 0 for t in record.iteration_times_s)
+
+
+def test_every_rank_runs_one_thread_even_alone(runs):
+    """torchrun sets OMP_NUM_THREADS only for more than one process; the loop sets and records it."""
+    for name in ("single", "tp2", "tp2-pp2"):
+        record = runs[name][0]
+        assert record.threads_per_rank == 1 and record.device == "cpu (1 threads per rank)"
+        assert record.load_average is not None
+
+
+def test_megatron_timers_per_iteration_and_rank(runs):
+    from calibration.reference.timers import TIMER_NAMES
+
+    for name in ("single", "tp2-sp", "pp2", "dp2", "dp2-buckets", "tp2-pp2"):
+        record = runs[name][0]
+        assert set(record.timers) == {*TIMER_NAMES, "iteration"}
+        for per_iteration in record.timers.values():
+            assert len(per_iteration) == ITERATIONS and all(len(r) == record.world_size for r in per_iteration)
+        for i in range(ITERATIONS):
+            for rank in range(record.world_size):
+                parts = sum(record.timers[t][i][rank] for t in TIMER_NAMES)
+                assert 0 < parts <= record.timers["iteration"][i][rank] * 1.01 + 1e-4, (name, i, rank)
+                assert record.timers["forward-compute"][i][rank] > 0 and record.timers["backward-compute"][i][rank] > 0
+
+    def total(name: str, timer: str) -> float:
+        return sum(map(sum, runs[name][0].timers[timer]))
+
+    assert total("pp2", "forward-recv") > 0 and total("pp2", "backward-send") > 0
+    assert total("single", "forward-recv") == 0
+    assert total("tp2-sp", "layernorm-grads-all-reduce") > 0 and total("tp2", "layernorm-grads-all-reduce") == 0
+    assert total("dp2", "grads-all-reduce") > 0
+    assert total("tp2-pp2", "embedding-grads-all-reduce") > 0
+
+
+def test_gradients_accumulate_in_an_fp32_buffer_in_buckets():
+    """Megatron-Core's layout: one fp32 buffer in reverse parameter order, split at the bucket size."""
+    from torch import nn
+
+    from calibration.reference.grads import GradBuffer
+
+    params = [nn.Parameter(torch.zeros(3000, dtype=torch.bfloat16)) for _ in range(4)]
+    buffer = GradBuffer(params, dp_group=None, dp_size=1, bucket_params=5000, overlap=True, device=torch.device("cpu"))
+    assert buffer.buffer.dtype == torch.float32 and buffer.num_buckets == 2
+    assert params[-1].main_grad.data_ptr() == buffer.buffer.data_ptr()  # the last parameter comes first
+    (sum(p.float().sum() for p in params) * 2).backward()
+    assert all(p.grad is None and torch.equal(p.main_grad, torch.full((3000,), 2.0)) for p in params)
+    one = GradBuffer(params, dp_group=None, dp_size=1, bucket_params=5000, overlap=False, device=torch.device("cpu"))
+    assert one.num_buckets == 1  # without overlap Megatron keeps one bucket
+
+
+def test_this_torch_reduce_scatters_and_all_gathers_on_gloo_in_one_call():
+    """The SP collectives use gloo's single-tensor calls where the installed torch has them, not an emulation."""
+    from calibration.reference import parallel
+
+    assert parallel._REDUCE_SCATTER is not None and parallel._ALL_GATHER is not None

@@ -1,0 +1,110 @@
+"""Gradients as Megatron-Core's DDP keeps and reduces them.
+
+Every parameter's gradient accumulates into ``param.main_grad``, a view of one fp32 buffer per rank
+(``_ParamAndGradBuffer``), whatever the parameters' dtype: a hook after autograd accumulates each
+``param.grad`` adds it to ``main_grad`` and frees it. The buffer is laid out in reverse parameter
+order, so the backward fills it from the end, and split into buckets of ``ddp_bucket_size``
+parameters (Megatron's default max(40M, 1M x DP), one bucket without ``overlap_grad_reduce``).
+Data parallelism reduces each bucket with one collective; with ``overlap_grad_reduce`` a bucket's
+all-reduce is issued (asynchronously) as soon as the last micro-batch has produced all of its
+gradients, and waited for after the backward.
+
+Sequence parallelism's replicated parameters (norms, row-parallel biases) saw only their rank's
+sequence shard, so their gradients are summed over TP, coalesced into one all-reduce
+(``_allreduce_layernorm_grads``); the tied word embedding's over the first and last stage.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def default_bucket_params(dp_size: int) -> int:
+    """Megatron-Core's bucket size in parameters when none is given: max(40M, 1M x DP)."""
+    return max(40_000_000, 1_000_000 * dp_size)
+
+
+class _Bucket:
+    def __init__(self, params: list[nn.Parameter], data: torch.Tensor) -> None:
+        self.params = params
+        self.data = data  # a slice of the buffer
+        self.pending: set[int] = set()
+        self.work = None
+
+
+class GradBuffer:
+    """One fp32 ``main_grad`` buffer over ``params``, in buckets; reduces over ``dp_group``."""
+
+    def __init__(self, params: list[nn.Parameter], *, dp_group, dp_size: int, bucket_params: int | None,
+                 overlap: bool, device: torch.device) -> None:
+        self.params = list(reversed(params))  # the backward produces the last layers' gradients first
+        self.dp_group, self.dp_size, self.overlap = dp_group, dp_size, overlap
+        total = sum(p.numel() for p in self.params)
+        self.buffer = torch.zeros(total, dtype=torch.float32, device=device)
+        size = total if not overlap else (bucket_params or default_bucket_params(dp_size))
+        self.buckets: list[_Bucket] = []
+        offset, start, members = 0, 0, []
+        for p in self.params:
+            n = p.numel()
+            p.main_grad = self.buffer[offset:offset + n].view(p.shape)
+            members.append(p)
+            offset += n
+            if offset - start >= size:
+                self.buckets.append(_Bucket(members, self.buffer[start:offset]))
+                start, members = offset, []
+        if members:
+            self.buckets.append(_Bucket(members, self.buffer[start:offset]))
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.last_micro_batch = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._accumulate) for p in self.params]
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.buckets)
+
+    def _accumulate(self, p: nn.Parameter) -> None:
+        p.main_grad.add_(p.grad)
+        p.grad = None
+        if self.overlap and self.last_micro_batch and self.dp_size > 1:
+            bucket = self._bucket_of[id(p)]
+            bucket.pending.discard(id(p))
+            if not bucket.pending and bucket.work is None:
+                bucket.work = dist.all_reduce(bucket.data, group=self.dp_group, async_op=True)
+
+    def start_last_micro_batch(self) -> None:
+        """The next backward is the last of the iteration: buckets reduce as they fill (with overlap)."""
+        self.last_micro_batch = True
+        for b in self.buckets:
+            b.pending = {id(p) for p in b.params}
+            b.work = None
+
+    def reduce(self) -> None:
+        """Finish data parallelism's reduction: wait for the buckets already issued, issue the others, average."""
+        if self.dp_size > 1:
+            for b in self.buckets:
+                if b.work is None:
+                    dist.all_reduce(b.data, group=self.dp_group)
+                else:
+                    b.work.wait()
+            self.buffer.div_(self.dp_size)
+        self.last_micro_batch = False
+
+    def zero(self) -> None:
+        self.buffer.zero_()
+
+
+def all_reduce_coalesced(tensors: list[torch.Tensor], group) -> None:
+    """Sum ``tensors`` over ``group`` with one collective: flatten, all-reduce, copy back (Megatron's
+    ``_flatten_dense_tensors`` path)."""
+    if not tensors or dist.get_world_size(group) == 1:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset:offset + n].view(t.shape))
+        offset += n
+

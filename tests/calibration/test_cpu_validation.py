@@ -1,0 +1,57 @@
+"""The CPU validation's report: the issue's targets judged from the numbers, the load said out loud.
+
+The measuring itself (two calibrations, six reference runs) takes minutes and is the lead's quiet-machine
+command; here the judging and the report run on a made-up session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from calibration.cpu_validation import PLANS, PlanResult, Session, _slug, main, render, targets
+
+
+def _plan(label: str, predicted: float, repeat: float, measured: float, phase_error: float) -> PlanResult:
+    phase = {"phase": "forward-compute", "stage": 0, "predicted": measured * 0.5 * (1 + phase_error),
+             "measured": measured * 0.5, "relative_error": phase_error, "measured_min": measured * 0.45,
+             "measured_max": measured * 0.55}
+    tiny = {**phase, "phase": "optimizer", "predicted": measured * 0.001 * 3, "measured": measured * 0.001,
+            "relative_error": 2.0}  # too short to judge
+    layer = {"forward_s": {"relative_error": 0.01}, "backward_s": {"relative_error": -0.02},
+             "activation_bytes": {"predicted": 100, "measured": 100}}
+    validation = {"iteration_time_s": {"predicted": predicted, "measured": measured,
+                                       "relative_error": predicted / measured - 1},
+                  "phases": [phase, tiny], "layers": [layer], "checks": [], "verdict": "within the run's noise",
+                  "outside_layers_s": {"predicted": 0.01, "measured": 0.011}}
+    return PlanResult(label, f"run-{_slug(label)}.json", validation, repeat, [measured * 0.98, measured * 1.02],
+                      (0.1, 0.1, 0.1))
+
+
+def _session(load: float, iteration_error: float) -> Session:
+    s = Session(started="now", machine="x86_64", cores=2, load_before=(load, load, load), load_after=(load,) * 3)
+    s.calibrations = [{"path": "cpu-profile.json", "attempts": 1, "refusals": [], "load_at_start": (load,) * 3,
+                       "load_at_end": (load,) * 3, "link": {"latency_s": 1e-4, "max_busbw_gbps": 1.5},
+                       "host": {"op_s": 1e-6}, "notes": [], "fit_errors": [{"block": "gemm", "rms": 0.02,
+                                                                             "max_abs": 0.05}]}]
+    s.plans = [_plan(label, 0.4 * (1 + iteration_error), 0.41, 0.4, 0.1) for label in PLANS]
+    return s
+
+
+def test_targets_are_judged_and_short_phases_are_not():
+    met = {what: ok for what, _, _, ok in targets(_session(0.1, 0.05))}
+    assert all(met.values())  # the optimizer phase's +200% is under 2% of the iteration
+    missed = {what: ok for what, _, _, ok in targets(_session(0.1, 0.35))}
+    assert not missed["iteration time, predicted vs measured"]
+
+
+def test_the_report_says_how_quiet_the_machine_was(tmp_path: Path):
+    quiet = render(_session(0.1, 0.05), tmp_path)
+    busy = render(_session(3.2, 0.05), tmp_path)
+    assert "load average 0.10 before starting (quiet" in quiet
+    assert "load average 3.20 before starting (busy" in busy
+    assert all(label in quiet for label in PLANS) and "| met |" in quiet
+
+
+def test_bad_arguments_exit_2(tmp_path: Path, capsys):
+    assert main(["--out", str(tmp_path), "--plans", "tp3"]) == 2
+    assert "tp3" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path), "--iterations", "1"]) == 2
