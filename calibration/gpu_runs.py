@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             plan = ParallelPlan(tensor_parallel_size=args.tp, micro_batch_size=args.mbs, global_batch_size=args.gbs,
                                 precision="fp32" if args.device == "cpu" else "bf16",
-                                recompute={"granularity": granularity}, allow_tp_across_nodes=args.device == "cpu")
+                                recompute={"granularity": granularity}, allow_tp_across_nodes=args.device == "cpu",
+                                attention_backend="unfused")  # the attention the reference loop implements
             job = Job(model=model, cluster=cluster, plan=plan)
             check_supported(job)
             t0 = time.monotonic()
