@@ -21,6 +21,7 @@ from simulator.modules import (
     Activation,
     ColumnParallelLinear,
     ContextParallelAttention,
+    MoEMLP,
     CoreAttention,
     Dims,
     DropoutAdd,
@@ -68,12 +69,19 @@ class LayerKey:
     tp_comm_overlap: bool = False
     context_parallel_size: int = 1
     cp_comm_type: CpCommType = CpCommType.p2p
+    moe: bool = False  # the layer's MLP is a mixture of experts
+    expert_parallel_size: int = 1
+    expert_tensor_parallel_size: int = 1
+    dispatcher: str = "alltoall"
+    grouped_gemm: bool = False
 
     @staticmethod
-    def of(plan: ParallelPlan) -> "LayerKey":
+    def of(plan: ParallelPlan, moe: bool = False) -> "LayerKey":
         return LayerKey(plan.tensor_parallel_size, plan.sequence_parallel, plan.micro_batch_size, plan.precision,
                         plan.use_flash_attention, plan.recompute.granularity, plan.fp8_format is not None,
-                        plan.grad_bytes, plan.tp_comm_overlap, plan.context_parallel_size, plan.cp_comm_type)
+                        plan.grad_bytes, plan.tp_comm_overlap, plan.context_parallel_size, plan.cp_comm_type,
+                        moe, plan.expert_model_parallel_size, plan.expert_tp_size,
+                        plan.moe_token_dispatcher_type.value, plan.moe_grouped_gemm)
 
 
 def _dims(model: ModelSpec, plan: LayerKey) -> Dims:
@@ -183,11 +191,34 @@ def layer_modules(model: ModelSpec, plan: LayerKey, dm: Dims) -> list[Module]:
         RowParallelLinear("attention_proj", dm, dm.h, q, "attention", bias_grad=bias, fp8=fp8),
         DropoutAdd("attention_dropout_add", dm, model.hidden_dropout),
         Norm("pre_mlp_norm", dm),
-        ColumnParallelLinear("fc1", dm, dm.mlp_in, dm.h, "mlp_all_gather", bias_grad=bias, fp8=fp8),
-        Activation("swiglu" if model.swiglu else "gelu", dm),
-        RowParallelLinear("fc2", dm, dm.h, dm.f, "mlp", bias_grad=bias, fp8=fp8),
+        *(_moe_modules(model, plan, dm) if plan.moe else _mlp_modules(model, plan, dm, "", dm.f)),
         DropoutAdd("mlp_dropout_add", dm, model.hidden_dropout),
     ]
+
+
+def _mlp_modules(model: ModelSpec, plan: LayerKey, dm: Dims, prefix: str, f: int) -> list[Module]:
+    """A tensor-parallel MLP of inner size ``f`` per rank: column-parallel fc1, the activation, row-parallel fc2."""
+    bias, fp8 = model.add_bias_linear, plan.fp8
+    mlp_in = 2 * f if model.swiglu else f
+    sized = replace(dm, f=f, mlp_in=mlp_in)
+    return [
+        ColumnParallelLinear(f"{prefix}fc1", sized, mlp_in, dm.h, f"{prefix or 'mlp_'}all_gather".replace("_all", "_all")
+                             if prefix else "mlp_all_gather", bias_grad=bias, fp8=fp8),
+        Activation(f"{prefix}{'swiglu' if model.swiglu else 'gelu'}", sized),
+        RowParallelLinear(f"{prefix}fc2", sized, dm.h, f, f"{prefix}mlp" if prefix else "mlp", bias_grad=bias, fp8=fp8),
+    ]
+
+
+def _moe_modules(model: ModelSpec, plan: LayerKey, dm: Dims) -> list[Module]:
+    """The routed experts, and the shared experts every token also passes."""
+    imbalance = model.moe_load_imbalance
+    if model.moe_expert_capacity_factor is not None:  # tokens past the capacity are dropped
+        imbalance = min(imbalance, model.moe_expert_capacity_factor)
+    routed: list[Module] = [MoEMLP(dm, model.num_experts, model.moe_router_topk, model.expert_ffn_size, model.swiglu,
+                                   plan.expert_parallel_size, plan.expert_tensor_parallel_size, plan.dispatcher,
+                                   plan.grouped_gemm, imbalance, plan.expert_tensor_parallel_size)]
+    shared = model.moe_shared_expert_intermediate_size
+    return routed + (_mlp_modules(model, plan, dm, "shared_expert.", shared // dm.t) if shared else [])
 
 
 def _recompute(fwd: nx.DiGraph, granularity: RecomputeGranularity) -> nx.DiGraph:
@@ -206,9 +237,10 @@ def _recompute(fwd: nx.DiGraph, granularity: RecomputeGranularity) -> nx.DiGraph
     return out
 
 
-def transformer_layer(model: ModelSpec, plan: ParallelPlan) -> LayerGraph:
-    """The layer graph for ``plan``'s TP size, SP, micro-batch, precision, attention and recompute."""
-    return layer_graph(model, LayerKey.of(plan))
+def transformer_layer(model: ModelSpec, plan: ParallelPlan, moe: bool = False) -> LayerGraph:
+    """The layer graph for ``plan``'s TP size, SP, micro-batch, precision, attention and recompute; ``moe``:
+    a layer whose MLP is the model's mixture of experts."""
+    return layer_graph(model, LayerKey.of(plan, moe))
 
 
 @lru_cache(maxsize=1024)

@@ -63,6 +63,7 @@ class GemmShape:
     batch: int = 1
     accumulate_bytes: int = 0  # C += A @ B into a buffer of this element size (weight gradients into main_grad)
     fp8: bool = False  # FP8 inputs (Transformer Engine linear layers), output in the activation dtype
+    grouped: bool = True  # the batch runs as one kernel (bmm, grouped GEMM); False: one kernel after another
 
     @property
     def flops(self) -> float:

@@ -76,6 +76,13 @@ class DataParallelSharding(str, Enum):
     optim_grads_params = "optim_grads_params"  # and the parameters (ZeRO-3, FSDP)
 
 
+class MoEDispatcher(str, Enum):
+    """Megatron's --moe-token-dispatcher-type."""
+
+    alltoall = "alltoall"
+    allgather = "allgather"
+
+
 class PipelineSchedule(str, Enum):
     gpipe = "gpipe"
     one_f_one_b = "1f1b"  # interleaved when virtual_pipeline_stages > 1
@@ -114,6 +121,15 @@ class ParallelPlan(BaseModel):
     cp_comm_type: CpCommType = Field(CpCommType.p2p, description="How CP exchanges keys and values.")
     pipeline_parallel_size: int = Field(1, gt=0, description="Pipeline stages.")
     data_parallel_size: int = Field(1, gt=0, description="Model replicas.")
+    expert_model_parallel_size: int = Field(
+        1, gt=0, description="EP: ranks the routed experts of each MoE layer are spread over (Megatron "
+                             "--expert-model-parallel-size), within the TP x CP x DP ranks of a stage.")
+    expert_tensor_parallel_size: int | None = Field(
+        None, gt=0, description="Ranks each expert is split over (--expert-tensor-parallel-size); None = TP, as "
+                                "Megatron defaults it.")
+    moe_token_dispatcher_type: MoEDispatcher = Field(
+        MoEDispatcher.allgather, description="How routed tokens reach their experts (Megatron's default allgather).")
+    moe_grouped_gemm: bool = Field(False, description="A rank's experts run as one grouped GEMM (--moe-grouped-gemm).")
     virtual_pipeline_stages: int = Field(1, gt=0, description="Model chunks per pipeline stage (interleaved 1F1B).")
     sequence_parallel: bool = Field(False, description="Split norms/dropouts along the sequence (Korthikanti Section 4.2.2).")
     micro_batch_size: int = Field(1, gt=0, description="Sequences per micro-batch, b.")
@@ -186,6 +202,16 @@ class ParallelPlan(BaseModel):
     def num_gpus(self) -> int:
         return (self.tensor_parallel_size * self.context_parallel_size * self.pipeline_parallel_size
                 * self.data_parallel_size)
+
+    @property
+    def expert_tp_size(self) -> int:
+        return self.expert_tensor_parallel_size if self.expert_tensor_parallel_size is not None else self.tensor_parallel_size
+
+    @property
+    def expert_data_parallel_size(self) -> int:
+        """Ranks holding the same experts: the TP x CP x DP ranks of a stage over ETP x EP."""
+        return (self.tensor_parallel_size * self.context_parallel_size * self.data_parallel_size
+                // (self.expert_tp_size * self.expert_model_parallel_size))
 
     @property
     def gradient_group_size(self) -> int:

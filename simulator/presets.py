@@ -48,3 +48,42 @@ LLAMA_PRESETS: dict[str, ModelSpec] = {
 }
 
 register_presets(LLAMA_PRESETS)
+
+
+# --- mixture-of-experts models, from their Hugging Face configs -----------------------------------
+# Published total / active parameters: Mixtral 8x7B 46.7B / 12.9B, 8x22B 141B / 39B (Mistral AI);
+# Qwen1.5-MoE-A2.7B (Qwen2-MoE) 14.3B / 2.7B, Qwen2-57B-A14B 57.4B / 14.2B, Qwen3-30B-A3B 30.5B / 3.3B,
+# Qwen3-235B-A22B 235B / 22B (Qwen model cards). Sequence lengths are the pre-training contexts.
+QWEN_VOCAB = 151936
+
+
+def moe(name: str, *, layers: int, hidden: int, heads: int, kv_heads: int, experts: int, topk: int, expert_ffn: int,
+        vocab: int, seq: int, shared_ffn: int | None = None, head_dim: int | None = None,
+        qk_layernorm: bool = False) -> ModelSpec:
+    """A Llama-style decoder whose MLPs are routed experts (and shared experts where the model has them)."""
+    base = llama(name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=expert_ffn, vocab=vocab,
+                 seq=seq)
+    return base.model_copy(update=dict(
+        num_experts=experts, moe_router_topk=topk, moe_ffn_hidden_size=expert_ffn,
+        moe_shared_expert_intermediate_size=shared_ffn, kv_channels=head_dim, qk_layernorm=qk_layernorm))
+
+
+MOE_PRESETS: dict[str, ModelSpec] = {
+    m.name: ModelSpec.model_validate(m.model_dump())
+    for m in (
+        moe("mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, experts=8, topk=2, expert_ffn=14336,
+            vocab=32000, seq=4096),
+        moe("mixtral-8x22b", layers=56, hidden=6144, heads=48, kv_heads=8, experts=8, topk=2, expert_ffn=16384,
+            vocab=32768, seq=4096),
+        moe("qwen1.5-moe-a2.7b", layers=24, hidden=2048, heads=16, kv_heads=16, experts=60, topk=4, expert_ffn=1408,
+            vocab=QWEN_VOCAB, seq=4096, shared_ffn=5632),
+        moe("qwen2-57b-a14b", layers=28, hidden=3584, heads=28, kv_heads=4, experts=64, topk=8, expert_ffn=2560,
+            vocab=QWEN_VOCAB, seq=4096, shared_ffn=20480),
+        moe("qwen3-30b-a3b", layers=48, hidden=2048, heads=32, kv_heads=4, experts=128, topk=8, expert_ffn=768,
+            vocab=QWEN_VOCAB, seq=4096, head_dim=128, qk_layernorm=True),
+        moe("qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, experts=128, topk=8, expert_ffn=1536,
+            vocab=QWEN_VOCAB, seq=4096, head_dim=128, qk_layernorm=True),
+    )
+}
+
+register_presets(MOE_PRESETS)

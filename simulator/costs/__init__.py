@@ -63,6 +63,9 @@ class CostModel:
         if op.kind in (OpKind.gemm, OpKind.batched_gemm):
             assert op.gemm is not None, op.name
             s = op.gemm
+            if not s.grouped and s.batch > 1:  # separate kernels, e.g. experts without the grouped GEMM
+                return s.batch * self.op_time_s(Op(op.name, op.kind, flops=op.flops / s.batch,
+                                                   gemm=GemmShape(s.m, s.n, s.k, 1, s.accumulate_bytes, s.fp8)))
             if s.fp8:
                 return self._fp8_gemm_time_s(s)
             return float(gemm_time_s(p.gemm, self.peak_flops, gpu.sm_count, s.m, s.n, s.k, s.batch, self._dtype_bytes,
