@@ -21,6 +21,7 @@ from simulator.engine import PipelineWork
 from simulator.errors import InfeasiblePlanError
 from simulator.estimate import Estimate, build_work, simulate_job
 from simulator.hardware import ClusterSpec
+from simulator.limits import MAX_GLOBAL_BATCH_SIZE, MAX_GPUS, MAX_PIPELINE_CHUNKS
 from simulator.memory import stage_memory
 from simulator.model import ModelSpec
 from simulator.plan import (
@@ -59,8 +60,8 @@ class SearchRequest(BaseModel):
 
     model: ModelSpec
     cluster: ClusterSpec
-    num_gpus: int = Field(gt=0)
-    global_batch_size: int = Field(gt=0)
+    num_gpus: int = Field(gt=0, le=MAX_GPUS)
+    global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH_SIZE)
     pins: SearchPins = SearchPins()
     precision: Precision = Precision.bf16
     use_flash_attention: bool = False
@@ -120,15 +121,20 @@ def _recompute_options(chunk_layers: int, pinned: RecomputeGranularity | None) -
     return out
 
 
+def _pinned(allowed: list, pin):
+    """The allowed values, or the pinned one if the rules allow it (a pin never adds a value they refuse)."""
+    return allowed if pin is None else [x for x in allowed if x == pin]
+
+
 def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
     """Every plan the rules allow, in a fixed order (so the ranking is deterministic)."""
     m, c, pins, n = req.model, req.cluster, req.pins, req.num_gpus
     L, gbs = m.num_layers, req.global_batch_size
     tps = [t for t in _divisors(c.gpus_per_node)
-           if m.num_attention_heads % t == 0 and m.vocab_size % t == 0
+           if m.num_attention_heads % t == 0 and m.vocab_size % t == 0 and m.ffn_size % t == 0
            and (m.query_groups % t == 0 or t % m.query_groups == 0)]
-    for t in tps if pins.tensor_parallel_size is None else [pins.tensor_parallel_size]:
-        for p in _divisors(L) if pins.pipeline_parallel_size is None else [pins.pipeline_parallel_size]:
+    for t in _pinned(tps, pins.tensor_parallel_size):
+        for p in _pinned(_divisors(L), pins.pipeline_parallel_size):
             if n % (t * p):
                 continue
             d = n // (t * p)
@@ -137,11 +143,10 @@ def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
                     continue
                 micro_batches = gbs // (mbs * d)
                 vs = [1] + ([v for v in _divisors(L // p) if v > 1 and micro_batches % p == 0] if p > 1 else [])
-                for v in vs if pins.virtual_pipeline_stages is None else [pins.virtual_pipeline_stages]:
-                    if L % (p * v):
+                for v in _pinned(vs, pins.virtual_pipeline_stages):
+                    if L % (p * v) or p * v * micro_batches > MAX_PIPELINE_CHUNKS:
                         continue
-                    sps = [False, True] if t > 1 else [False]
-                    for sp in sps if pins.sequence_parallel is None else [pins.sequence_parallel]:
+                    for sp in _pinned([False, True] if t > 1 else [False], pins.sequence_parallel):
                         for rec in _recompute_options(L // (p * v), pins.recompute_granularity):
                             dopts = [False, True] if d > 1 else [False]
                             for dopt in dopts if pins.use_distributed_optimizer is None else [pins.use_distributed_optimizer]:
