@@ -5,26 +5,42 @@ matplotlib is imported inside each function so that importing the simulator stay
 
 from __future__ import annotations
 
+import io
+import os
 from pathlib import Path
 from typing import Sequence
+
+from simulator._io import write_output
 
 GIB = 1024**3
 
 
 def _pyplot():
-    import matplotlib
+    # Figures are always drawn off-screen (Agg); a backend named in the environment (MPLBACKEND)
+    # is not consulted, so a bogus one cannot stop the import.
+    backend = os.environ.pop("MPLBACKEND", None)
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    finally:
+        if backend is not None:
+            os.environ["MPLBACKEND"] = backend
 
     plt.rcParams.update({"svg.hashsalt": "simulator", "figure.dpi": 110, "font.size": 9})
     return plt
 
 
 def _save(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # No timestamp in the PNG metadata, so regenerating a figure gives the same bytes.
-    fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
+    """Render in memory in the format the suffix names, then write atomically (``write_output``)."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    buffer = io.BytesIO()
+    # No timestamp in the metadata, so regenerating a figure gives the same bytes.
+    metadata = {"Software": None} if fmt == "png" else {"Creator": None, "Date": None} if fmt == "svg" else \
+        {"Creator": None, "Producer": None, "CreationDate": None}
+    fig.savefig(buffer, format=fmt, metadata=metadata, bbox_inches="tight")
+    write_output(path, buffer.getvalue(), "figure")
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from simulator._io import write_output
 from simulator.estimate import Simulation
 from simulator.layers import Stream
 from simulator.schedules import Phase
@@ -51,8 +52,7 @@ def trace_events(sim: Simulation, job) -> list[dict]:
 
 
 def write_trace(sim: Simulation, job, path: Path) -> None:
+    """Write the trace (atomically, see ``simulator._io.write_output``)."""
     doc = {"traceEvents": trace_events(sim, job), "displayTimeUnit": "ms",
            "otherData": {"model": job.model.name, "cluster": job.cluster.name}}
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(path)
+    write_output(path, json.dumps(doc, allow_nan=False), "trace")

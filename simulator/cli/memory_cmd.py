@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from simulator.cli.options import job_from_options, plan_options
+from simulator.cli.options import job_from_options, plan_options, require_fit, require_fit_option
 from simulator.memory import MemoryPlan, memory_plan
 from simulator.plan import Job
 from simulator.units import format_gib, text_table
@@ -66,12 +66,15 @@ Examples:
 
 @click.command("memory", epilog=EXAMPLES)
 @plan_options
-def memory(**options: Any) -> None:
+@require_fit_option
+def memory(require_fit_flag: bool, **options: Any) -> None:
     """Per-stage, per-GPU memory of a plan (GiB) and whether it fits."""
     job = job_from_options(**options)
     plan = memory_plan(job)
     if options["as_json"]:
-        click.echo(json.dumps(to_json(job, plan), indent=2))
+        click.echo(json.dumps(to_json(job, plan), indent=2, allow_nan=False))
+        if require_fit_flag:
+            require_fit(job, plan)
         return
     click.echo(describe_job(job))
     click.echo("memory per GPU, GiB (in-flight = micro-batch chunks held at the stage's peak)")
@@ -83,3 +86,5 @@ def memory(**options: Any) -> None:
         f"{format_gib(plan.capacity_bytes)} GiB"
     )
     click.echo(verdict)
+    if require_fit_flag:
+        require_fit(job, plan)

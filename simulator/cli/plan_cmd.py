@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
-from simulator.cli.options import job_from_options, plan_options
+from simulator.cli.options import TOKENS, OutputFile, job_from_options, plan_options, require_fit, require_fit_option
 from simulator.units import format_gib
 
 EXAMPLES = """
@@ -44,6 +43,7 @@ def render(job, est) -> str:
         f"iteration time   {T:9.3f} s",
         f"MFU / HFU        {est.mfu * 100:8.1f} % / {est.hfu * 100:.1f} %   ({est.tflops_per_gpu:.0f} model TFLOP/s per GPU)",
         f"throughput       {est.tokens_per_s:9.0f} tokens/s",
+        *([f"note: {est.utilisation_note}"] if est.utilisation_note else []),
         "",
         f"breakdown (stage {est.critical_stage}):",
     ]
@@ -67,12 +67,13 @@ def render(job, est) -> str:
 
 @click.command("plan", epilog=EXAMPLES)
 @plan_options
-@click.option("--tokens", type=float, default=None, help="Training tokens, for days and GPU-hours (e.g. 300e9).")
+@click.option("--tokens", type=TOKENS, default=None, help="Training tokens, for days and GPU-hours (e.g. 300e9).")
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME",
               help="Hardware profile (default: the published profile of the cluster's GPU).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--trace", "trace_path", type=OutputFile("trace"), default=None,
               help="Write a Chrome trace-event JSON of the iteration (Perfetto).")
-def plan_command(tokens, profile_path, trace_path, as_json, **kwargs):
+@require_fit_option
+def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, **kwargs):
     """Predict one training iteration of a plan: time, MFU/HFU, breakdown, memory and training days."""
     from simulator.estimate import simulate_job
     from simulator.profile import load_profile
@@ -85,8 +86,10 @@ def plan_command(tokens, profile_path, trace_path, as_json, **kwargs):
 
         write_trace(sim, job, trace_path)
     if as_json:
-        click.echo(json.dumps(plan_json(job, sim.estimate), indent=2, sort_keys=True))
+        click.echo(json.dumps(plan_json(job, sim.estimate), indent=2, sort_keys=True, allow_nan=False))
     else:
         click.echo(render(job, sim.estimate))
         if trace_path is not None:
             click.echo(f"\ntrace written to {trace_path}")
+    if require_fit_flag:
+        require_fit(job, sim.estimate.memory)

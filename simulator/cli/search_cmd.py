@@ -8,6 +8,19 @@ from pathlib import Path
 
 import click
 
+from simulator import limits
+from simulator.errors import ConfigError
+from simulator.cli.options import (
+    GLOBAL_BATCH,
+    GPUS,
+    MICRO_BATCH,
+    PARALLEL_SIZE,
+    SEQ_LENGTH,
+    TOKENS,
+    VIRTUAL_STAGES,
+    BoundedInt,
+    OutputFile,
+)
 from simulator.cli.plan_cmd import plan_json
 from simulator.plan import Precision, RecomputeGranularity
 from simulator.units import format_gib
@@ -32,21 +45,44 @@ def _describe(plan) -> str:
             + f"{rec}{' distopt' if plan.use_distributed_optimizer else ''}")
 
 
+def check_pins(req) -> None:
+    """Refuse a pinned dimension that breaks a rule on its own, with the sentence `simulator plan` gives.
+
+    The search only tries values the rules allow, so without this a pin such as --tp 3 against a
+    vocabulary of 51,200 would end in "no plan satisfies the rules" without saying which rule.
+    """
+    from simulator._io import build
+    from simulator.plan import Job, ParallelPlan
+
+    pins, n = req.pins, req.num_gpus
+    tp, pp = pins.tensor_parallel_size or 1, pins.pipeline_parallel_size or 1
+    if n % (tp * pp):
+        raise ConfigError(f"Invalid parallel dims: gpus({n}) is not divisible by tp({tp}) * pp({pp}) = {tp * pp}; "
+                          "change --gpus, --tp or --pp")
+    vpp = pins.virtual_pipeline_stages if pins.pipeline_parallel_size is not None else None
+    probe = build(ParallelPlan, {
+        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "virtual_pipeline_stages": vpp or 1,
+        "sequence_parallel": bool(pins.sequence_parallel) and pins.tensor_parallel_size is not None,
+        "global_batch_size": pp, "precision": req.precision,  # pp micro-batches: what interleaving needs
+    }, "pinned plan")
+    build(Job, {"model": req.model, "cluster": req.cluster, "plan": probe}, "pinned plan")
+
+
 @click.command("search", epilog=EXAMPLES)
 @click.option("--model", default="gpt3-175b", show_default=True, metavar="NAME|FILE", help="Model preset or file.")
-@click.option("--seq-length", "seq_length", type=click.IntRange(min=1), default=None,
+@click.option("--seq-length", "seq_length", type=SEQ_LENGTH, default=None,
               help="Override the model's sequence length (tokens).")
 @click.option("--cluster", default="dgx-a100-80gb", show_default=True, metavar="NAME|FILE", help="Cluster preset or file.")
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total GPUs.")
-@click.option("--global-batch-size", "--gbs", "global_batch_size", type=click.IntRange(min=1), required=True,
+@click.option("--gpus", type=GPUS, required=True, help="Total GPUs.")
+@click.option("--global-batch-size", "--gbs", "global_batch_size", type=GLOBAL_BATCH, required=True,
               help="Sequences per iteration.")
-@click.option("--tokens", type=float, default=None, help="Training tokens, for days (e.g. 300e9).")
-@click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to list.")
-@click.option("--tensor-model-parallel-size", "--tp", "tp", type=click.IntRange(min=1), default=None, help="Pin TP.")
-@click.option("--pipeline-model-parallel-size", "--pp", "pp", type=click.IntRange(min=1), default=None, help="Pin PP.")
-@click.option("--virtual-pipeline-model-parallel-size", "--vpp", "vpp", type=click.IntRange(min=1), default=None,
+@click.option("--tokens", type=TOKENS, default=None, help="Training tokens, for days (e.g. 300e9).")
+@click.option("--top", type=BoundedInt(1, limits.MAX_TOP), default=5, show_default=True, help="Plans to list.")
+@click.option("--tensor-model-parallel-size", "--tp", "tp", type=PARALLEL_SIZE, default=None, help="Pin TP.")
+@click.option("--pipeline-model-parallel-size", "--pp", "pp", type=PARALLEL_SIZE, default=None, help="Pin PP.")
+@click.option("--virtual-pipeline-model-parallel-size", "--vpp", "vpp", type=VIRTUAL_STAGES, default=None,
               help="Pin the virtual pipeline stages.")
-@click.option("--micro-batch-size", "--mbs", "mbs", type=click.IntRange(min=1), default=None, help="Pin the micro-batch.")
+@click.option("--micro-batch-size", "--mbs", "mbs", type=MICRO_BATCH, default=None, help="Pin the micro-batch.")
 @click.option("--sequence-parallel/--no-sequence-parallel", "--sp/--no-sp", "sp", default=None,
               help="Pin sequence parallelism on or off.")
 @click.option("--recompute-granularity", "recompute", type=click.Choice([g.value for g in RecomputeGranularity]),
@@ -58,15 +94,16 @@ def _describe(plan) -> str:
 @click.option("--overlap-grad-reduce", "overlap", is_flag=True, default=False,
               help="Plans overlap the DP gradient reduction with the backward pass.")
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME", help="Hardware profile.")
-@click.option("--pareto", "pareto_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Save the throughput vs peak-memory scatter with its Pareto front (PNG).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--pareto", "pareto_path", type=OutputFile("Pareto figure", (".png", ".svg", ".pdf")), default=None,
+              help="Save the throughput vs peak-memory scatter with its Pareto front (PNG, SVG or PDF by the suffix).")
+@click.option("--trace", "trace_path", type=OutputFile("trace"), default=None,
               help="Write the best plan's iteration as a Chrome trace-event JSON (Perfetto).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print machine-readable JSON.")
 def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, sp, recompute, dopt,
                    precision, flash, overlap, profile_path, pareto_path, trace_path, as_json):
     """Search every valid plan (TP, PP, virtual stages, micro-batch, SP, recompute, distributed optimizer)
     for the fastest that fits in GPU memory."""
+    from simulator._io import build
     from simulator.export import megatron_args, nemo_yaml
     from simulator.hardware import load_cluster
     from simulator.model import load_model
@@ -74,18 +111,21 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     from simulator.profile import load_profile
     from simulator.search import SearchPins, SearchRequest, search
 
-    req = SearchRequest(
+    req = build(SearchRequest, dict(
         model=load_model(model, seq_length), cluster=load_cluster(cluster), num_gpus=gpus, global_batch_size=global_batch_size,
         pins=SearchPins(tensor_parallel_size=tp, pipeline_parallel_size=pp, virtual_pipeline_stages=vpp,
                         micro_batch_size=mbs, sequence_parallel=sp, recompute_granularity=recompute,
                         use_distributed_optimizer=dopt),
         precision=precision, use_flash_attention=flash, overlap_grad_reduce=overlap,
-    )
+    ), "search")
+    check_pins(req)
     profile = load_profile(profile_path) if profile_path else None
     bars: dict = {}
+    # a bar only for a person watching a terminal: never in a log, a pipe or the stream a test reads
+    show_progress = not as_json and sys.stderr.isatty()
 
     def progress(phase: str, done: int, total: int) -> None:
-        if as_json:
+        if not show_progress:
             return
         if phase not in bars:
             from tqdm import tqdm
@@ -119,7 +159,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
             "screened": len(result.screened), "simulated": result.simulated, "elapsed_s": result.elapsed_s,
             "megatron_args": megatron_args(job), "nemo_yaml": nemo_yaml(job),
         }
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
         return
     click.echo(f"{req.model.name} on {gpus} x {req.cluster.gpu.name}, global batch {global_batch_size}: "
                f"{result.enumerated} plans enumerated, {result.pruned_memory} pruned (memory), "
