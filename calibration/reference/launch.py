@@ -11,12 +11,15 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from simulator import children
+from simulator._io import check_output, write_output
 from simulator.errors import ConfigError, RunRecordError
 from simulator.model import Normalization, PositionEmbedding
 from simulator.plan import Job, RecomputeGranularity, RecomputeMethod
-from simulator.run_record import RunRecord, load_run_record
+from simulator.run_record import RunRecord, load_run_record, write_run_record
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = Path(__file__).resolve().with_name("train.py")
@@ -70,29 +73,44 @@ def launch(nproc: int, train_args: list[str], log: Path, script: Path | None = N
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     try:
-        done = subprocess.run(torchrun_command(nproc, train_args, script), env=env, capture_output=True, text=True,
-                              timeout=timeout_s)
+        done = children.run(torchrun_command(nproc, train_args, script), env=env, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise RunRecordError(f"the reference run took more than {timeout_s:.0f} s and was stopped; "
                              "use fewer iterations or a smaller model") from None
     if done.returncode != 0:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(done.stdout + done.stderr)
+        write_output(log, done.stdout + done.stderr, "reference run log")
         raise RunRecordError(
             f"the reference run failed (torchrun exit code {done.returncode}): {_first_error(done.stderr + done.stdout)}; "
             f"no record was written, the full output is in {str(log)!r}"
         )
 
 
+def _log_path(out: Path) -> Path:
+    """Beside the record, unless the record goes to a device or FIFO (/dev/null): then in the temp folder."""
+    if not out.exists() or out.is_file():
+        return out.with_name(out.name + ".log")
+    return Path(tempfile.gettempdir()) / f"simulator-reference-{os.getpid()}.log"
+
+
 def run_reference(job: Job, *, device: str, iterations: int, out: Path, seed: int = 1234,
                   script: Path | None = None) -> RunRecord:
-    """One run of ``job`` on ``job.num_gpus`` processes; returns the record it wrote to ``out``."""
-    out = Path(out)
-    out.unlink(missing_ok=True)  # a stale record must not pass for this run's
-    args = ["--job", job.model_dump_json(), "--device", device, "--iterations", str(iterations), "--out", str(out),
-            "--seed", str(seed)]
-    launch(job.num_gpus, args, out.with_name(out.name + ".log"), script)
-    return load_run_record(out)
+    """One run of ``job`` on ``job.num_gpus`` processes; returns the record, also written to ``out``.
+
+    A stale record at ``out`` is removed first, so it never passes for this run's; the loop writes
+    into a folder of its own and ``out`` is written once the record has been read back whole. Only
+    a regular file is removed or replaced: a device or FIFO such as /dev/null is written through.
+    """
+    out = check_output(out, "run record")
+    if out.is_file() and not out.is_symlink():
+        out.unlink()
+    with tempfile.TemporaryDirectory(prefix="simulator-reference-") as tmp:
+        fresh = Path(tmp) / "run.json"
+        args = ["--job", job.model_dump_json(), "--device", device, "--iterations", str(iterations),
+                "--out", str(fresh), "--seed", str(seed)]
+        launch(job.num_gpus, args, _log_path(out), script)
+        record = load_run_record(fresh)
+    write_run_record(record, out)
+    return record
 
 
 def run_batch(entries: list[dict], *, nproc: int, device: str, workdir: Path) -> None:
