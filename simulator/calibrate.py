@@ -64,6 +64,8 @@ _REQUIRED = {
 # Sizes (elements, bytes, ranks) and times of a raw point: positive, finite and physically possible,
 # so that no fit starts from residuals that are not finite.
 _NUMERIC = {"m", "n", "k", "batch", "batch_heads", "seq", "head_dim", "bytes_moved", "bytes", "group_size", "time_s"}
+_TEXT = ("dtype", "impl", "pass", "kernel", "kind", "backend", "name")
+_FLAGS = ("causal", "held_out")
 _MAX_SIZE = 1e15
 _MAX_TIME_S = 86_400.0
 
@@ -131,6 +133,15 @@ def read_raw(path: str | Path) -> dict:
     device = data.get("device")
     if not isinstance(device, dict) or device.get("kind") not in ("cuda", "cpu"):
         raise ProfileError(f"raw points {where} have no device description with kind 'cuda' or 'cpu'; measure again")
+    memory = device.get("memory_bytes")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float)) or not 0 <= memory <= _MAX_SIZE):
+        raise ProfileError(f"raw points {where}: device memory_bytes={short_repr(memory)} is not a size; measure again")
+    sections = data.get("sections", {})
+    if not isinstance(sections, dict) or not isinstance(data.get("settings", {}), dict) or any(
+            not isinstance(info, dict) or not isinstance(info.get("skipped", []), list)
+            or not isinstance(info.get("error"), (str, type(None))) for info in sections.values()):
+        raise ProfileError(f"raw points {where}: 'sections' and 'settings' must be the mappings calibration.measure "
+                           "writes; measure again")
     for section, keys in _REQUIRED.items():
         rows = data.get(section, [])
         if not isinstance(rows, list):
@@ -139,6 +150,11 @@ def read_raw(path: str | Path) -> dict:
             missing = [k for k in keys if not isinstance(row, dict) or k not in row]
             if missing:
                 raise ProfileError(f"raw points {where}: {section} point {i} lacks {missing}; measure again")
+            bad = [k for k in _TEXT if k in row and not isinstance(row[k], str)]
+            bad += [k for k in _FLAGS if k in row and not isinstance(row[k], bool)]
+            if bad:
+                raise ProfileError(f"raw points {where}: {section} point {i} has {bad[0]}={short_repr(row[bad[0]])}, "
+                                   f"not {'text' if bad[0] in _TEXT else 'true or false'}; measure again")
             for key in _NUMERIC.intersection(keys):
                 x = row[key]
                 top = _MAX_TIME_S if key == "time_s" else _MAX_SIZE
