@@ -175,7 +175,8 @@ def plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def _data_parallel_size(gpus: int | None, tp: int, pp: int, dp: int | None) -> int:
+def data_parallel_size(gpus: int | None, tp: int, pp: int, dp: int | None) -> int:
+    """DP from --gpus, --tp, --pp and --dp (either may derive the other); inconsistent sizes are a ConfigError."""
     if gpus is None:
         return dp or 1
     if dp is None:
@@ -201,7 +202,7 @@ def job_from_options(**kwargs: Any) -> Job:
     """
     o = {k: v for k, v in kwargs.items() if k in PLAN_OPTION_NAMES}
     tp, pp = o.get("tensor_parallel_size", 1), o.get("pipeline_parallel_size", 1)
-    dp = _data_parallel_size(o.get("gpus"), tp, pp, o.get("data_parallel_size"))
+    dp = data_parallel_size(o.get("gpus"), tp, pp, o.get("data_parallel_size"))
     mbs = o.get("micro_batch_size", 1)
     gbs = o.get("global_batch_size") or mbs * dp * pp
     model = load_model(o.get("model", "gpt3-175b"), o.get("seq_length"))

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import click
 
 from simulator import limits
-from simulator.errors import ConfigError
 from simulator.cli.options import (
     GLOBAL_BATCH,
     GPUS,
@@ -20,6 +18,7 @@ from simulator.cli.options import (
     VIRTUAL_STAGES,
     BoundedInt,
     OutputFile,
+    data_parallel_size,
 )
 from simulator.cli.plan_cmd import plan_json
 from simulator.plan import Precision, RecomputeGranularity
@@ -54,11 +53,9 @@ def check_pins(req) -> None:
     from simulator._io import build
     from simulator.plan import Job, ParallelPlan
 
-    pins, n = req.pins, req.num_gpus
+    pins = req.pins
     tp, pp = pins.tensor_parallel_size or 1, pins.pipeline_parallel_size or 1
-    if n % (tp * pp):
-        raise ConfigError(f"Invalid parallel dims: gpus({n}) is not divisible by tp({tp}) * pp({pp}) = {tp * pp}; "
-                          "change --gpus, --tp or --pp")
+    data_parallel_size(req.num_gpus, tp, pp, None)
     vpp = pins.virtual_pipeline_stages if pins.pipeline_parallel_size is not None else None
     probe = build(ParallelPlan, {
         "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "virtual_pipeline_stages": vpp or 1,
