@@ -52,6 +52,9 @@ def check_name(path: str | os.PathLike, what: str, error: type[SimulatorError] =
     text = os.fsencode(path)
     if not text:
         raise error(f"the {what} path is empty; name a file")
+    if b"\0" in text:
+        raise error(f"the {what} path {short_repr(os.fsdecode(path), 40)} holds a NUL character, which no file name "
+                    "may; fix the path")
     if len(text) > MAX_PATH_BYTES:
         raise error(f"the {what} path is {len(text):,} bytes long, more than the {MAX_PATH_BYTES:,} a path may have; "
                     "use a shorter path")

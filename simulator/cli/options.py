@@ -232,7 +232,6 @@ def job_from_options(**kwargs: Any) -> Job:
     return build(Job, {"model": model, "cluster": cluster, "plan": plan}, "job")
 
 
-
 require_fit_option = click.option(
     "--require-fit", "require_fit_flag", is_flag=True, default=False,
     help="Exit with code 3 (after the answer) when the plan does not fit in GPU memory, for scripts.")

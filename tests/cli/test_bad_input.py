@@ -69,6 +69,19 @@ def test_non_utf8_model_file(tmp_path):
     refused("memory", "--model", str(bad), "--gpus", "8", "--gbs", "8", needle="not UTF-8")
 
 
+def test_non_utf8_cluster_file(tmp_path):
+    bad = tmp_path / "cluster.yaml"
+    bad.write_bytes(b"name: \xe9t\xe9\ngpus_per_node: 8\n")
+    refused("memory", "--model", "gpt3-125m", "--cluster", str(bad), needle="not UTF-8")
+
+
+def test_the_search_progress_bar_never_reaches_a_stream_that_is_not_a_terminal():
+    # long enough for the bar's half-second delay; a bar on stderr would break every one-sentence check
+    result = CliRunner().invoke(cli, ["search", "--model", "gpt3-13b", "--gpus", "64", "--gbs", "128", "--top", "1"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+
+
 # --- numbers on the command line -----------------------------------------------------------------
 
 @pytest.mark.parametrize("flag,value", [
@@ -143,6 +156,12 @@ def test_an_ffn_size_tp_does_not_divide_is_refused_not_rounded(tmp_path):
 def test_names_longer_than_the_os_allows(what):
     name = "a" * 300 + (".json" if what == "profile" else ".yaml")
     refused("plan", f"--{what}", name, needle="more than the 255 a file name may have")
+
+
+def test_a_nul_in_a_path_read_from_a_file(tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(CLUSTER.replace("gpu: A100-SXM4-80GB", 'gpu: "a\\0b.yaml"'))
+    refused("plan", "--model", "gpt3-125m", "--cluster", str(cluster), needle="NUL")
 
 
 def test_a_path_longer_than_the_os_allows():

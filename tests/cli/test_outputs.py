@@ -130,6 +130,9 @@ def test_a_missing_folder_is_created(tmp_path):
         args = ["search", "--model", "gpt3-125m", "--gpus", "8", "--gbs", "8", flag, str(target)]
         ok(*args)
         assert target.stat().st_size > 0
+    (tmp_path / "raw.json").write_text(json.dumps(_synthetic_raw()))
+    ok("calibrate", "--raw", str(tmp_path / "raw.json"), "--out", str(tmp_path / "new" / "out" / "p.json"))
+    assert json.loads((tmp_path / "new" / "out" / "p.json").read_text())["source"] == "measured"
 
 
 @pytest.mark.parametrize("target,needle", [
