@@ -20,10 +20,7 @@ from simulator.errors import ConfigError
 GIB = 1024**3
 
 
-# Physical ranges of spec-sheet numbers: wide enough for a CPU core and for hardware not yet built,
-# narrow enough that no time or byte count the models derive from them overflows or loses meaning.
-_TFLOPS = dict(ge=1e-3, le=1e6)  # a GFLOP/s core to a million TFLOP/s
-_GBPS = dict(ge=1e-3, le=1e6)  # a MB/s to a PB/s
+_TFLOPS, _GBPS = limits.TFLOPS_RANGE, limits.GBPS_RANGE  # physical ranges (see simulator.limits)
 
 
 class PeakTflops(BaseModel):

@@ -56,6 +56,25 @@ MAX_SEQ_LENGTH = 16_777_216
 MAX_LAYERS_PER_LIST = MAX_LAYERS
 """Entries of a per-stage layer split (one per stage, so at most one per layer)."""
 
+# --- physical ranges of hardware numbers ---------------------------------------------------------
+# Wide enough for a CPU core and for hardware not yet built, narrow enough that no time or byte
+# count the models derive from a spec sheet or a profile overflows or loses meaning.
+
+TFLOPS_RANGE = dict(ge=1e-3, le=1e6)
+"""A peak, TFLOP/s: a GFLOP/s core to a million TFLOP/s."""
+
+GBPS_RANGE = dict(ge=1e-3, le=1e6)
+"""A bandwidth, GB/s: a MB/s to a PB/s."""
+
+FRACTION_RANGE = dict(ge=1e-6, le=1)
+"""A fraction of a peak that hardware achieves: at least a millionth."""
+
+FIXED_SECONDS_RANGE = dict(ge=0, le=1.0)
+"""A fixed cost per kernel or per message, seconds."""
+
+SIZE_RANGE = dict(ge=0, le=1e15)
+"""Where a curve bends, in elements or bytes."""
+
 # --- files ---------------------------------------------------------------------------------------
 
 MAX_INPUT_FILE_BYTES = 16 * 1024 * 1024

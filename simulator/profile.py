@@ -26,17 +26,16 @@ from pydantic import (
     model_validator,
 )
 
+from simulator import limits
 from simulator._io import check_name, exists, parse_json, read_text, short_repr, validation_message, write_output
 from simulator.errors import ProfileError
 
 SCHEMA_VERSION = 1
 
-# Physical ranges of fitted parameters: every number of a profile is finite and inside these, so no
-# time the cost models derive from it overflows or turns negative (a corrupt file is refused, not used).
-_FRACTION = dict(ge=1e-6, le=1)  # of a peak: at least a millionth
-_SECONDS = dict(ge=0, le=1.0)  # a fixed cost per kernel or per message
-_GBPS = dict(ge=1e-3, le=1e6)  # a MB/s to a PB/s
-_SIZE = dict(ge=0, le=1e15)  # where a curve bends, in elements or bytes
+# Every number of a profile is finite and in its physical range (simulator.limits), so no time the
+# cost models derive from it overflows or turns negative: a corrupt file is refused, not used.
+_FRACTION, _SECONDS = limits.FRACTION_RANGE, limits.FIXED_SECONDS_RANGE
+_GBPS, _SIZE = limits.GBPS_RANGE, limits.SIZE_RANGE
 
 
 def _profile_dir() -> Path:
