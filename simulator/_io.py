@@ -266,17 +266,22 @@ def _new_file_mode() -> int:
     return 0o666 & ~umask
 
 
-def _replace(target: Path, data: bytes, what: str, shown: Path) -> None:
-    """Write ``data`` to a unique temporary file beside ``target`` and rename it over ``target``."""
-    folder = target.parent
+def make_folder(folder: str | os.PathLike, what: str) -> Path:
+    """Create ``folder`` (and its parents) for ``what``; a path that cannot be a folder is one OutputError."""
+    folder = check_name(folder, what, OutputError)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise OutputError(f"cannot write {what} {str(shown)!r}: {str(folder)!r} is a file, not a folder; "
-                          "fix the path") from None
+        raise OutputError(f"cannot write {what}: {str(folder)!r} is a file, not a folder; fix the path") from None
     except OSError as exc:
-        raise OutputError(f"cannot create the folder {str(folder)!r} for {what} {str(shown)!r}: "
-                          f"{exc.strerror}; {_FIXES.get(exc.errno, 'check the path')}") from None
+        raise OutputError(f"cannot create the folder {str(folder)!r} for {what}: {exc.strerror}; "
+                          f"{_FIXES.get(exc.errno, 'check the path')}") from None
+    return folder
+
+
+def _replace(target: Path, data: bytes, what: str, shown: Path) -> None:
+    """Write ``data`` to a unique temporary file beside ``target`` and rename it over ``target``."""
+    folder = make_folder(target.parent, f"{what} {str(shown)!r}")
     try:
         mode = stat.S_IMODE(target.stat().st_mode)
     except OSError:

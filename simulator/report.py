@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simulator import korthikanti as k
+from simulator._io import make_folder, write_output
 from simulator.estimate import Estimate, estimate, simulate_job
 from simulator.hardware import load_cluster
 from simulator.layers import transformer_layer
@@ -340,8 +341,7 @@ def generate(out: Path) -> dict:
     """Write reports/README.md, its figures and their data; return the data."""
     from simulator.plots import gantt_figure, pareto_figure
 
-    figdir = out / "figures"
-    figdir.mkdir(parents=True, exist_ok=True)
+    figdir = make_folder(out / "figures", "report figures")
     decs = [decompose(s) for s in SCENARIOS]
     head, head_data = _headline(decs)
     d0 = decs[0]
@@ -366,12 +366,11 @@ def generate(out: Path) -> dict:
             "`hardware_specs/`, `calibration/profiles/a100-sxm4-80gb-published.json` and the published tables in "
             "`calibration/published/`; none is typed in).", ""]
     text += head + _decomposition_table(decs) + val + f8 + figs + claims + mem + gantt + scale
-    (out / "README.md").write_text("\n".join(text) + "\n")
+    write_output(out / "README.md", "\n".join(text) + "\n", "report")
     data = {"headline": head_data, "validation": val_data, "figure8": f8_data, "figures_1_7": figs_data,
             "claims": claims_data,
             "memory": mem_data, "scaling": scale_data,
             "decomposition": {d.scenario.model: [d.standard.training_days, d.search_alone.best.estimate.training_days,
                                                  d.article_best.best.estimate.training_days] for d in decs}}
-    (out / "data").mkdir(exist_ok=True)
-    (out / "data" / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    write_output(out / "data" / "report.json", json.dumps(data, indent=1, sort_keys=True) + "\n", "report data")
     return data

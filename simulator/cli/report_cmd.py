@@ -15,10 +15,12 @@ def report_command(out: Path, as_json: bool) -> None:
     """Regenerate the validation and planning report from the code and data in the repository."""
     import json
 
+    from simulator._io import make_folder
     from simulator.report import generate
 
+    make_folder(out, "the report")  # before the two minutes the report takes, not after
     data = generate(out)
     if as_json:
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        click.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
     else:
         click.echo(f"report written to {out / 'README.md'}")

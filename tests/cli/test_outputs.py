@@ -151,6 +151,14 @@ def test_a_file_where_a_folder_should_be(tmp_path):
     refused(*PLAN, "--trace", str(tmp_path / "afile" / "t.json"), needle="cannot write trace")
 
 
+def test_report_into_a_folder_that_cannot_be_made_is_refused_at_once(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    start = time.monotonic()
+    refused("report", "--out", str(tmp_path / "afile" / "reports"), needle="cannot create the folder")
+    refused("report", "--out", "/proc/simulator-reports", needle="cannot create the folder")
+    assert time.monotonic() - start < 20  # before the report is computed, not after
+
+
 def test_pareto_refuses_a_format_it_cannot_draw(tmp_path):
     refused("search", "--model", "gpt3-125m", "--gpus", "8", "--gbs", "8", "--pareto", str(tmp_path / "x.json"),
             needle="PNG, SVG or PDF")
