@@ -52,7 +52,7 @@ from simulator.profile import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-FIT_NOTE_FACTOR = 2.0  # a fitted block this many times off its own points (typically) is called out
+FIT_NOTE_FACTOR = 10.0  # a fitted block an order of magnitude off its own points (typically) is called out
 MEASURE_MODULE = "calibration.measure"  # run as `python -m MEASURE_MODULE --device ... --out RAW.json`
 TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _REQUIRED = {
