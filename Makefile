@@ -1,18 +1,20 @@
-# Two entry points: `make demo` runs the main job (the GPT-3 175B / 1,024 A100 plan and its report),
-# `make test` the test suite.
-# Both create (once) a virtual environment with the package installed in editable mode;
-# the stamp file reinstalls it when setup.cfg or pyproject.toml change.
+# Entry points: `make demo` runs the main job (the GPT-3 175B / 1,024 A100 plan and its report),
+# `make test` the test suite (a few hundred fuzz cases included), `make fuzz` 20,000 fuzz cases.
+# Each creates (once) a virtual environment with the package installed in editable mode, at the
+# versions of constraints.txt; the stamp file reinstalls it when setup.cfg, pyproject.toml or
+# constraints.txt change.
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+FUZZ_CASES ?= 20000
 
-.PHONY: demo test clean chromium
+.PHONY: demo test fuzz clean chromium
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[test,calibration]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,calibration]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -36,6 +38,10 @@ chromium:
 		    timeout 900 apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; }; } || \
 		echo "could not install chromium: the HTML report's browser test will be skipped"; \
 	else echo "no chromium (and no root apt-get to install it): the HTML report's browser test will be skipped"; fi
+
+# random cases (new ones each run); the summary at the end says what they ended in
+fuzz: $(STAMP)
+	SIMULATOR_FUZZ_CASES=$(FUZZ_CASES) $(BIN)/python -m pytest -q -m fuzz tests/test_fuzz.py
 
 clean:
 	rm -rf build dist *.egg-info

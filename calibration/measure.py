@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -118,9 +119,17 @@ def _load_average() -> list[float] | None:
 
 
 def _write_atomic(path: Path, data: dict) -> None:
+    """Replace a regular file through a temporary name of this process; write into a device or FIFO
+    (/dev/null, a pipe) as it is, never replacing it."""
+    text = json.dumps(data, indent=1)
+    if path.exists() and not path.is_file():
+        with open(path, "w") as f:
+            f.write(text)
+        return
+    path = path.resolve()  # through a symlink to the file it names
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1))
+    tmp = path.with_name(f".{path.name[:64]}.tmp{os.getpid()}")
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -255,7 +264,13 @@ def measure(args: argparse.Namespace, log=print) -> dict:
     return raw
 
 
+def _stop(signum: int, frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C, so the temporary folders of the collectives are removed
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _stop)
     args = parse_args(argv)
     raw = measure(args, log=lambda msg: print(msg, flush=True))
     failed = [s for s, info in raw["sections"].items() if info["status"] == "failed"]

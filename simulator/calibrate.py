@@ -13,15 +13,17 @@ slowdown of compute beside NCCL kernels.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 
 from calibration.microbench import RAW_FORMAT, RAW_VERSION
+from simulator import children
+from simulator._io import parse_json, read_text, short_repr, validation_message, write_output
 from simulator.costs.collectives import ramp
 from simulator.costs.gemm import gemm_time_s
 from simulator.errors import ConfigError, ProfileError
@@ -51,6 +53,7 @@ from simulator.profile import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
+MEASURE_MODULE = "calibration.measure"  # run as `python -m MEASURE_MODULE --device ... --out RAW.json`
 TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 _REQUIRED = {
     "gemm": ("m", "n", "k", "batch", "dtype", "time_s"),
@@ -58,6 +61,13 @@ _REQUIRED = {
     "elementwise": ("kernel", "bytes_moved", "time_s"),
     "collectives": ("kind", "bytes", "group_size", "time_s"),
 }
+# Sizes (elements, bytes, ranks) and times of a raw point: positive, finite and physically possible,
+# so that no fit starts from residuals that are not finite.
+_NUMERIC = {"m", "n", "k", "batch", "batch_heads", "seq", "head_dim", "bytes_moved", "bytes", "group_size", "time_s"}
+_TEXT = ("dtype", "impl", "pass", "kernel", "kind", "backend", "name")
+_FLAGS = ("causal", "held_out")
+_MAX_SIZE = 1e15
+_MAX_TIME_S = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,7 @@ class BlockError:
     points: int
     rms: float
     max_abs: float
+    typical_factor: float = 1.0  # exp(rms of log(model / measured)): 100 when the fit is 100x off either way
 
 
 @dataclass
@@ -111,13 +122,8 @@ def read_raw(path: str | Path) -> dict:
     """Load and check a raw points file from ``calibration.measure``; every defect is one ProfileError."""
     path = Path(path)
     where = repr(str(path))
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ProfileError(f"cannot read raw points {where}: {exc.strerror}; check the path") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"raw points {where} are not valid JSON ({exc}); measure again with "
-                           "`python -m calibration.measure`") from None
+    data = parse_json(read_text(path, "raw points", ProfileError), f"raw points {where}", ProfileError,
+                      fix="measure again with `python -m calibration.measure`")
     if not isinstance(data, dict) or data.get("format") != RAW_FORMAT:
         raise ProfileError(f"{where} is not a raw points file (its 'format' is not {RAW_FORMAT!r}); "
                            "pass the --out file of `python -m calibration.measure`")
@@ -127,6 +133,15 @@ def read_raw(path: str | Path) -> dict:
     device = data.get("device")
     if not isinstance(device, dict) or device.get("kind") not in ("cuda", "cpu"):
         raise ProfileError(f"raw points {where} have no device description with kind 'cuda' or 'cpu'; measure again")
+    memory = device.get("memory_bytes")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float)) or not 0 <= memory <= _MAX_SIZE):
+        raise ProfileError(f"raw points {where}: device memory_bytes={short_repr(memory)} is not a size; measure again")
+    sections = data.get("sections", {})
+    if not isinstance(sections, dict) or not isinstance(data.get("settings", {}), dict) or any(
+            not isinstance(info, dict) or not isinstance(info.get("skipped", []), list)
+            or not isinstance(info.get("error"), (str, type(None))) for info in sections.values()):
+        raise ProfileError(f"raw points {where}: 'sections' and 'settings' must be the mappings calibration.measure "
+                           "writes; measure again")
     for section, keys in _REQUIRED.items():
         rows = data.get(section, [])
         if not isinstance(rows, list):
@@ -135,10 +150,17 @@ def read_raw(path: str | Path) -> dict:
             missing = [k for k in keys if not isinstance(row, dict) or k not in row]
             if missing:
                 raise ProfileError(f"raw points {where}: {section} point {i} lacks {missing}; measure again")
-            t = row["time_s"]
-            if not isinstance(t, (int, float)) or not np.isfinite(t) or t <= 0:
-                raise ProfileError(f"raw points {where}: {section} point {i} has time_s={t!r}; times must be "
-                                   "positive numbers, measure again")
+            bad = [k for k in _TEXT if k in row and not isinstance(row[k], str)]
+            bad += [k for k in _FLAGS if k in row and not isinstance(row[k], bool)]
+            if bad:
+                raise ProfileError(f"raw points {where}: {section} point {i} has {bad[0]}={short_repr(row[bad[0]])}, "
+                                   f"not {'text' if bad[0] in _TEXT else 'true or false'}; measure again")
+            for key in _NUMERIC.intersection(keys):
+                x = row[key]
+                top = _MAX_TIME_S if key == "time_s" else _MAX_SIZE
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= top:
+                    raise ProfileError(f"raw points {where}: {section} point {i} has {key}={short_repr(x)}; it must be "
+                                       f"a positive number of at most {top:g}, measure again")
     for section in ("gemm", "elementwise"):
         if not data.get(section):
             raise ProfileError(f"raw points {where} hold no {section} points, which every profile needs; "
@@ -149,12 +171,12 @@ def read_raw(path: str | Path) -> dict:
 def measure(device: str, raw_out: Path, *, quick: bool = False, budget_s: float | None = None,
             layer_args: list[str] = (), timeout_s: float | None = None) -> dict:
     """Run ``python -m calibration.measure`` in a child process and return its checked raw points."""
-    cmd = [sys.executable, "-m", "calibration.measure", "--device", device, "--out", str(raw_out), *layer_args]
+    cmd = [sys.executable, "-m", MEASURE_MODULE, "--device", device, "--out", str(raw_out), *layer_args]
     if quick:
         cmd.append("--quick")
     if budget_s is not None:
         cmd += ["--budget-s", str(budget_s)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    proc = children.run(cmd, cwd=REPO, timeout=timeout_s)
     if not raw_out.is_file():
         tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
         raise ProfileError(f"measuring on {device} failed (exit {proc.returncode}) before writing points: {tail}")
@@ -194,7 +216,8 @@ def _peak_flops(gpu: GpuSpec, dtype: str) -> float:
 
 def _error(block: str, residuals) -> BlockError:
     r = np.asarray(residuals, dtype=float)
-    return BlockError(block, int(r.size), float(np.sqrt(np.mean(r**2))), float(np.max(np.abs(r))))
+    factor = float(np.exp(np.sqrt(np.mean(np.log1p(np.maximum(r, -1 + 1e-12)) ** 2))))
+    return BlockError(block, int(r.size), float(np.sqrt(np.mean(r**2))), float(np.max(np.abs(r))), factor)
 
 
 def _fit_gemm(raw: dict, gpu: GpuSpec, cpu: bool) -> tuple[GemmParams, BlockError, list[HeldOutGemm]]:
@@ -490,12 +513,25 @@ def calibrate(out: str | Path, *, device: str | None = None, quick: bool = False
     else:
         if device not in ("cuda", "cpu"):
             raise ConfigError(f"device={device!r}: pass --device cuda or --device cpu, or --raw with measured points")
-        if keep_raw is not None:
-            raw = measure(device, Path(keep_raw), quick=quick, budget_s=budget_s, layer_args=list(layer_args))
-        else:
-            with tempfile.TemporaryDirectory() as tmp:
-                raw = measure(device, Path(tmp) / "raw.json", quick=quick, budget_s=budget_s,
-                              layer_args=list(layer_args))
-    result = fit_profile(raw, gpu=gpu, name=name)
+        # measured into a folder of our own, removed however the command ends; the points are kept
+        # (even those of a run cut short) only where --keep-raw says
+        with tempfile.TemporaryDirectory(prefix="simulator-calibrate-") as tmp:
+            raw_file = Path(tmp) / "raw.json"
+            try:
+                raw = measure(device, raw_file, quick=quick, budget_s=budget_s, layer_args=list(layer_args))
+            finally:
+                if keep_raw is not None and raw_file.is_file():
+                    write_output(keep_raw, raw_file.read_bytes(), "raw points")
+    try:
+        result = fit_profile(raw, gpu=gpu, name=name)
+        # what `load_profile` would say of the file, said before it is written
+        HardwareProfile.model_validate_json(result.profile.model_dump_json())
+    except ValidationError as exc:
+        raise ProfileError(f"the points measured give a profile the simulator would refuse "
+                           f"({validation_message(exc, 'profile')}); nothing was written, measure again "
+                           "on an idle machine") from None
+    except (ValueError, FloatingPointError, np.linalg.LinAlgError) as exc:
+        raise ProfileError(f"the fit failed on these points ({' '.join(str(exc).split())}); nothing was written, "
+                           "measure again on an idle machine") from None
     save_profile(result.profile, out)
     return result

@@ -68,8 +68,12 @@ class Estimate(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     iteration_time_s: float
-    mfu: float = Field(description="Model FLOPs utilisation, Korthikanti Appendix A (Eq. 7 FLOPs).")
-    hfu: float = Field(description="Hardware FLOPs utilisation: FLOPs executed, recompute included.")
+    mfu: float = Field(description="Model FLOPs utilisation, Korthikanti Appendix A (Eq. 7 FLOPs), against the dense "
+                                   "peak of the plan's precision (bf16 for FP8 plans, as Megatron reports it); "
+                                   "at most 1.")
+    hfu: float = Field(description="Hardware FLOPs utilisation: FLOPs executed, recompute included; at most 1.")
+    utilisation_note: str | None = Field(
+        None, description="Set when MFU or HFU came out above 1 and is shown as 1, with the values and why.")
     tokens_per_s: float
     tflops_per_gpu: float = Field(description="Model TFLOP/s achieved per GPU.")
     model_flops_per_iteration: float
@@ -160,7 +164,7 @@ def _p2p_times(cost, job: Job) -> tuple[float, ...]:
     behind one NIC share it (4 NICs for 8 GPUs: two sends per NIC); ``RankLayout`` says which.
     """
     m, plan = job.model, job.plan
-    t, p = plan.tensor_parallel_size, plan.pipeline_parallel_size
+    t = plan.tensor_parallel_size
     full = m.seq_length * plan.micro_batch_size * m.hidden_size * plan.precision.activation_bytes
     full //= plan.context_parallel_size  # each CP rank sends its own tokens
     gather = 0.0
@@ -331,7 +335,7 @@ def estimate(job: Job, profile=None, tokens: float | None = None) -> Estimate:
 
 def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
     plan = job.plan
-    p, v, m = plan.pipeline_parallel_size, plan.virtual_pipeline_stages, plan.num_micro_batches
+    p, m = plan.pipeline_parallel_size, plan.num_micro_batches
     T = result.iteration_time_s
     ready = [r.grads_ready_s for r in result.stages]
     crit = max(range(p), key=lambda s: (ready[s], -s))
@@ -363,18 +367,31 @@ def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
     model_flops = model_flops_per_sequence(job) * plan.global_batch_size
     hw_flops = model_flops + recompute_flops_per_iteration(job)
     peak = job.num_gpus * cost.peak_flops
+    mfu, hfu = model_flops / (T * peak), hw_flops / (T * peak)
+    note = None
+    if hfu > 1:
+        # Not an error in the time model: FP8 GEMMs run up to the fp8 peak (2x bf16 on Hopper), and Eq. 7
+        # counts the whole s x s attention product while a causal kernel computes half of it. A
+        # utilisation is at most 1, so it is capped and the rate stays in tflops_per_gpu.
+        why = [why for cond, why in (
+            (plan.fp8_format is not None, "the FP8 GEMMs run above that peak"),
+            (plan.use_flash_attention, "Eq. 7 counts the whole s x s attention product that the causal kernel halves"),
+        ) if cond] or ["the ops ran faster than that peak"]
+        note = (f"MFU {mfu:.3f} and HFU {hfu:.3f} against the {plan.precision.value} dense peak are shown capped "
+                f"at 1 ({' and '.join(why)}); tflops_per_gpu gives the rate")
+        mfu, hfu = min(mfu, 1.0), 1.0
     tokens_per_s = tokens_per_iter / T
     days = hours = None
     if tokens is not None:
         seconds = tokens / tokens_per_s
         days = seconds / SECONDS_PER_DAY
         hours = seconds / 3600 * job.num_gpus
-    mfu = model_flops / (T * peak)
-    note = validation_note(job, mfu)
+    validation = validation_note(job, model_flops / (T * peak))
     return Estimate(
         iteration_time_s=T,
         mfu=mfu,
-        hfu=hw_flops / (T * peak),
+        hfu=hfu,
+        utilisation_note=note,
         tokens_per_s=tokens_per_s,
         tflops_per_gpu=model_flops / T / job.num_gpus / 1e12,
         model_flops_per_iteration=model_flops,
@@ -387,8 +404,8 @@ def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
         tokens=tokens,
         training_days=days,
         gpu_hours=hours,
-        outside_validated_range=bool(note),
-        validation_note=note,
+        outside_validated_range=bool(validation),
+        validation_note=validation,
     )
 
 

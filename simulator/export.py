@@ -52,15 +52,28 @@ def megatron_args(job: Job) -> list[str]:
     return [a for a in args if a]
 
 
+def nemo_layout(job: Job) -> tuple[int, int]:
+    """(num_nodes, devices) for NeMo's Lightning trainer, which runs the same number of devices on every
+    node, so nodes x devices must be the job's GPUs: whole nodes when the GPUs fill them, else the most
+    devices per node that divide the GPUs and keep each tensor-parallel group inside one node."""
+    n, per_node, t = job.num_gpus, job.cluster.gpus_per_node, job.plan.tensor_parallel_size
+    devices = max(d for d in range(1, min(n, per_node) + 1) if n % d == 0 and (d % t == 0 or t > per_node))
+    return n // devices, devices
+
+
 def nemo_yaml(job: Job) -> str:
     """The `trainer`/`model` fragment of a NeMo Megatron GPT config."""
     m, p = job.model, job.plan
     g = p.recompute.granularity
-    nodes = job.num_nodes
+    nodes, devices = nemo_layout(job)
+    partial = []
+    if nodes > 1 and devices != job.cluster.gpus_per_node:
+        partial = [f"  # {job.num_gpus} GPUs do not fill {job.cluster.gpus_per_node}-GPU nodes: {nodes} nodes of {devices}"]
     lines = [
         "trainer:",
+        *partial,
         f"  num_nodes: {nodes}",
-        f"  devices: {min(job.num_gpus, job.cluster.gpus_per_node)}",
+        f"  devices: {devices}",
         f"  precision: {'bf16' if p.precision.value == 'bf16' else 16 if p.precision.value == 'fp16' else 32}",
         "model:",
         f"  micro_batch_size: {p.micro_batch_size}",

@@ -13,22 +13,26 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hardware_specs import SPEC_DIR
-from simulator._io import build, read_mapping
+from simulator import limits
+from simulator._io import build, exists, read_mapping
 from simulator.errors import ConfigError
 
 GIB = 1024**3
 
 
+_TFLOPS, _GBPS = limits.TFLOPS_RANGE, limits.GBPS_RANGE  # physical ranges (see simulator.limits)
+
+
 class PeakTflops(BaseModel):
     """Dense peak throughput per data type, TFLOP/s (no sparsity)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    bf16: float = Field(gt=0)
-    fp16: float = Field(gt=0)
-    tf32: float = Field(gt=0)
-    fp32: float = Field(gt=0, description="Non-tensor-core FP32.")
-    fp8: float | None = Field(None, gt=0, description="Hopper and later only.")
+    bf16: float = Field(**_TFLOPS)
+    fp16: float = Field(**_TFLOPS)
+    tf32: float = Field(**_TFLOPS)
+    fp32: float = Field(description="Non-tensor-core FP32.", **_TFLOPS)
+    fp8: float | None = Field(None, description="Hopper and later only.", **_TFLOPS)
 
 
 def _require_sources(spec: BaseModel, sources: dict[str, str]) -> None:
@@ -46,17 +50,17 @@ def _require_sources(spec: BaseModel, sources: dict[str, str]) -> None:
 class GpuSpec(BaseModel):
     """One accelerator's spec sheet."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str
     architecture: str
-    sm_count: int = Field(gt=0)
+    sm_count: int = Field(gt=0, le=1_000_000)
     peak_tflops: PeakTflops
-    hbm_capacity_gib: float = Field(gt=0, description="Device memory, GiB.")
-    hbm_bandwidth_gbps: float = Field(gt=0, description="Peak HBM bandwidth, GB/s (decimal).")
-    l2_cache_mb: float = Field(gt=0)
-    nvlink_bandwidth_gbps_per_direction: float = Field(gt=0, description="NVLink per GPU, GB/s per direction.")
-    tdp_w: float = Field(gt=0)
+    hbm_capacity_gib: float = Field(ge=1 / 1024, le=1e6, description="Device memory, GiB.")
+    hbm_bandwidth_gbps: float = Field(description="Peak HBM bandwidth, GB/s (decimal).", **_GBPS)
+    l2_cache_mb: float = Field(gt=0, le=1e6)
+    nvlink_bandwidth_gbps_per_direction: float = Field(description="NVLink per GPU, GB/s per direction.", **_GBPS)
+    tdp_w: float = Field(gt=0, le=1e6)
     best_published_mfu: float | None = Field(
         None, gt=0, le=1, description="The highest MFU a published training run on this GPU reached: predictions "
                                       "above it are outside the range the model was validated in.")
@@ -86,32 +90,44 @@ class FabricKind(str, Enum):
 class FabricSpec(BaseModel):
     """The inter-node network: a rail-optimised leaf/spine fat tree (DGX SuperPOD)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: FabricKind
-    nodes_per_scalable_unit: int = Field(gt=0, description="Nodes whose same-rail NICs share one leaf switch.")
-    leaf_switches_per_scalable_unit: int = Field(gt=0)
-    switch_latency_ns: float = Field(ge=0, description="Port-to-port latency of one switch hop.")
+    nodes_per_scalable_unit: int = Field(
+        gt=0, le=limits.MAX_GPUS, description="Nodes whose same-rail NICs share one leaf switch."
+    )
+    leaf_switches_per_scalable_unit: int = Field(gt=0, le=limits.MAX_GPUS)
+    switch_latency_ns: float = Field(ge=0, le=1e9, description="Port-to-port latency of one switch hop.")
 
 
 class ClusterSpec(BaseModel):
     """A cluster of identical nodes: the node's GPUs and NVLink, its NICs and the fabric between nodes."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str
     gpu: GpuSpec
-    gpus_per_node: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0, le=limits.MAX_GPUS_PER_NODE)
     nvswitch: bool = Field(description="All GPUs of a node reach each other at full NVLink bandwidth.")
-    nvlink_bandwidth_gbps_per_direction: float = Field(gt=0, description="NVLink per GPU, GB/s per direction.")
-    nics_per_node: int = Field(gt=0)
-    nic_line_rate_gbit_s: float = Field(gt=0, description="Line rate of one compute NIC, Gb/s (bits).")
+    nvlink_bandwidth_gbps_per_direction: float = Field(description="NVLink per GPU, GB/s per direction.", **_GBPS)
+    nics_per_node: int = Field(gt=0, le=limits.MAX_GPUS_PER_NODE)
+    nic_line_rate_gbit_s: float = Field(description="Line rate of one compute NIC, Gb/s (bits).", **_GBPS)
     fabric: FabricSpec
     sources: dict[str, str]
 
     @model_validator(mode="after")
     def _every_number_has_a_source(self) -> "ClusterSpec":
         _require_sources(self, self.sources)
+        return self
+
+    @model_validator(mode="after")
+    def _mesh_is_small(self) -> "ClusterSpec":
+        n = self.gpus_per_node
+        if not self.nvswitch and n > limits.MAX_MESH_GPUS_PER_NODE:
+            raise ValueError(
+                f"{self.name}: gpus_per_node={n} without an NVSwitch means a link between every pair of GPUs; "
+                f"such meshes hold at most {limits.MAX_MESH_GPUS_PER_NODE} GPUs, so set nvswitch: true or use fewer"
+            )
         return self
 
     def __hash__(self) -> int:  # the sources dict is documentation, not identity
@@ -141,7 +157,7 @@ def load_gpu(name_or_path: str) -> GpuSpec:
     path = _spec_files("gpus").get(name_or_path.lower())
     if path is None:
         path = Path(name_or_path)
-        if not path.is_file():
+        if not exists(path, "GPU spec"):
             raise ConfigError(f"unknown GPU {name_or_path!r}; use one of {', '.join(gpu_names())} or a YAML file")
     return build(GpuSpec, read_mapping(path, "GPU spec"), f"GPU spec {str(path)!r}")
 
@@ -151,7 +167,7 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
     path = _spec_files("clusters").get(name_or_path)
     if path is None:
         path = Path(name_or_path)
-        if not path.is_file():
+        if not exists(path, "cluster spec"):
             raise ConfigError(
                 f"unknown cluster {name_or_path!r}; use one of {', '.join(cluster_names())} or a YAML file"
             )

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simulator._io import build, read_mapping
+from simulator import limits
+from simulator._io import build, exists, read_mapping
 from simulator.errors import ConfigError
 
 
@@ -24,17 +25,22 @@ class PositionEmbedding(str, Enum):
 class ModelSpec(BaseModel):
     """A decoder-only transformer (GPT-2/GPT-3 style by default; Llama style with the extra fields)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field("custom", description="Label shown in reports.")
-    num_layers: int = Field(gt=0, description="Transformer layers, L (Korthikanti Table 1).")
-    hidden_size: int = Field(gt=0, description="Hidden size, h.")
-    num_attention_heads: int = Field(gt=0, description="Attention heads, a.")
-    ffn_hidden_size: int | None = Field(None, gt=0, description="MLP inner size; default 4 x hidden_size.")
-    vocab_size: int = Field(51200, gt=0, description="Vocabulary, v (Megatron pads GPT-2's 50,257 to 51,200).")
-    seq_length: int = Field(2048, gt=0, description="Sequence length, s, in tokens.")
+    num_layers: int = Field(gt=0, le=limits.MAX_LAYERS, description="Transformer layers, L (Korthikanti Table 1).")
+    hidden_size: int = Field(gt=0, le=limits.MAX_HIDDEN_SIZE, description="Hidden size, h.")
+    num_attention_heads: int = Field(gt=0, le=limits.MAX_HIDDEN_SIZE, description="Attention heads, a.")
+    ffn_hidden_size: int | None = Field(
+        None, gt=0, le=limits.MAX_FFN_HIDDEN_SIZE, description="MLP inner size; default 4 x hidden_size."
+    )
+    vocab_size: int = Field(
+        51200, gt=0, le=limits.MAX_VOCAB_SIZE, description="Vocabulary, v (Megatron pads GPT-2's 50,257 to 51,200)."
+    )
+    seq_length: int = Field(2048, gt=0, le=limits.MAX_SEQ_LENGTH, description="Sequence length, s, in tokens.")
     num_query_groups: int | None = Field(
-        None, gt=0, description="Key/value heads for grouped-query attention; default = num_attention_heads."
+        None, gt=0, le=limits.MAX_HIDDEN_SIZE,
+        description="Key/value heads for grouped-query attention; default = num_attention_heads.",
     )
     swiglu: bool = Field(False, description="Gated SiLU MLP (three weight matrices) instead of GeLU.")
     normalization: Normalization = Field(Normalization.layernorm, description="LayerNorm (weight+bias) or RMSNorm.")
@@ -226,7 +232,7 @@ def _load_model(name_or_path: str, seq_length: int | None = None) -> ModelSpec:
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
     path = Path(name_or_path)
-    if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
+    if path.suffix in {".yaml", ".yml", ".json"} or exists(path, "model"):
         data = read_mapping(path, "model")
         if "architectures" in data or "model_type" in data:  # a Hugging Face config.json
             from simulator.hf import model_from_hf_config

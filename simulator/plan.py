@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simulator import limits
 from simulator.hardware import ClusterSpec
 from simulator.model import ModelSpec
 from simulator.pipeline_split import chunk_layers
@@ -96,7 +97,8 @@ class RecomputePolicy(BaseModel):
     granularity: RecomputeGranularity = RecomputeGranularity.none
     method: RecomputeMethod = RecomputeMethod.uniform
     num_layers: int = Field(
-        1, gt=0, description="full/uniform: layers per checkpointed group; full/block: checkpointed layers per chunk."
+        1, gt=0, le=limits.MAX_LAYERS,
+        description="full/uniform: layers per checkpointed group; full/block: checkpointed layers per chunk.",
     )
 
 
@@ -114,26 +116,33 @@ class ParallelPlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tensor_parallel_size: int = Field(1, gt=0, description="TP ranks that split each layer (Megatron column/row parallel).")
+    tensor_parallel_size: int = Field(
+        1, gt=0, le=limits.MAX_GPUS, description="TP ranks that split each layer (Megatron column/row parallel).")
     context_parallel_size: int = Field(
-        1, gt=0, description="CP ranks that split every sequence (Megatron --context-parallel-size): each holds s / cp "
-                             "tokens, in 2 cp load-balanced chunks for causal attention.")
+        1, gt=0, le=limits.MAX_GPUS,
+        description="CP ranks that split every sequence (Megatron --context-parallel-size): each holds s / cp "
+                    "tokens, in 2 cp load-balanced chunks for causal attention.")
     cp_comm_type: CpCommType = Field(CpCommType.p2p, description="How CP exchanges keys and values.")
-    pipeline_parallel_size: int = Field(1, gt=0, description="Pipeline stages.")
-    data_parallel_size: int = Field(1, gt=0, description="Model replicas.")
+    pipeline_parallel_size: int = Field(1, gt=0, le=limits.MAX_GPUS, description="Pipeline stages.")
+    data_parallel_size: int = Field(1, gt=0, le=limits.MAX_GPUS, description="Model replicas.")
     expert_model_parallel_size: int = Field(
-        1, gt=0, description="EP: ranks the routed experts of each MoE layer are spread over (Megatron "
-                             "--expert-model-parallel-size), within the TP x CP x DP ranks of a stage.")
+        1, gt=0, le=limits.MAX_GPUS,
+        description="EP: ranks the routed experts of each MoE layer are spread over (Megatron "
+                    "--expert-model-parallel-size), within the TP x CP x DP ranks of a stage.")
     expert_tensor_parallel_size: int | None = Field(
-        None, gt=0, description="Ranks each expert is split over (--expert-tensor-parallel-size); None = TP, as "
-                                "Megatron defaults it.")
+        None, gt=0, le=limits.MAX_GPUS,
+        description="Ranks each expert is split over (--expert-tensor-parallel-size); None = TP, as "
+                    "Megatron defaults it.")
     moe_token_dispatcher_type: MoEDispatcher = Field(
         MoEDispatcher.allgather, description="How routed tokens reach their experts (Megatron's default allgather).")
     moe_grouped_gemm: bool = Field(False, description="A rank's experts run as one grouped GEMM (--moe-grouped-gemm).")
-    virtual_pipeline_stages: int = Field(1, gt=0, description="Model chunks per pipeline stage (interleaved 1F1B).")
+    virtual_pipeline_stages: int = Field(
+        1, gt=0, le=limits.MAX_LAYERS, description="Model chunks per pipeline stage (interleaved 1F1B).")
     sequence_parallel: bool = Field(False, description="Split norms/dropouts along the sequence (Korthikanti Section 4.2.2).")
-    micro_batch_size: int = Field(1, gt=0, description="Sequences per micro-batch, b.")
-    global_batch_size: int = Field(1, gt=0, description="Sequences per iteration, all replicas together.")
+    micro_batch_size: int = Field(1, gt=0, le=limits.MAX_MICRO_BATCH_SIZE, description="Sequences per micro-batch, b.")
+    global_batch_size: int = Field(
+        1, gt=0, le=limits.MAX_GLOBAL_BATCH_SIZE, description="Sequences per iteration, all replicas together."
+    )
     recompute: RecomputePolicy = RecomputePolicy()
     use_distributed_optimizer: bool = Field(False, description="Shard fp32 master weights and Adam state over DP (ZeRO-1).")
     data_parallel_sharding_strategy: DataParallelSharding | None = Field(
@@ -171,7 +180,8 @@ class ParallelPlan(BaseModel):
     schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
     allow_tp_across_nodes: bool = Field(False, description="Accept tensor parallelism wider than a node.")
     pipeline_layer_split: tuple[int, ...] | None = Field(
-        None, description="Layers per stage when they do not divide evenly (sums to num_layers)."
+        None, max_length=limits.MAX_LAYERS,
+        description="Layers per stage when they do not divide evenly (sums to num_layers).",
     )
     decoder_first_pipeline_num_layers: int | None = Field(
         None, gt=0, description="Transformer layers of the first stage; the others share the rest evenly.")
@@ -300,6 +310,26 @@ class ParallelPlan(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _gpus_and_steps_bounded(self) -> "ParallelPlan":
+        if self.num_gpus > limits.MAX_GPUS:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} x "
+                f"pipeline_parallel_size={self.pipeline_parallel_size} x "
+                f"data_parallel_size={self.data_parallel_size} = {self.num_gpus:,} GPUs, more than the "
+                f"{limits.MAX_GPUS:,} the simulator takes; use fewer GPUs"
+            )
+        chunks = self.pipeline_parallel_size * self.virtual_pipeline_stages * self.num_micro_batches
+        if chunks > limits.MAX_PIPELINE_CHUNKS:
+            raise ValueError(
+                f"each pipeline would play {self.num_micro_batches:,} micro-batches x "
+                f"{self.pipeline_parallel_size} stages x {self.virtual_pipeline_stages} chunks = {chunks:,} "
+                "forward steps per iteration, more than the "
+                f"{limits.MAX_PIPELINE_CHUNKS:,} the simulator plays; raise the micro-batch size or the data-parallel "
+                "size, or lower the global batch"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _interleaving_needs_pipeline(self) -> "ParallelPlan":
         if self.interleaved:
             p = self.pipeline_parallel_size
@@ -356,6 +386,11 @@ class Job(BaseModel):
         if g % t and t % g:
             raise ValueError(
                 f"tensor_parallel_size={t} and num_query_groups={g} must divide one another; use {_say_divisors(g)}"
+            )
+        if self.model.ffn_size % t:
+            raise ValueError(
+                f"tensor_parallel_size={t} does not divide ffn_hidden_size={self.model.ffn_size}; Megatron splits the "
+                f"MLP evenly over TP ranks, so use a multiple of {t} or a TP size that divides it"
             )
         if self.model.vocab_size % t:
             raise ValueError(

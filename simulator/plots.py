@@ -10,9 +10,13 @@ so that importing the simulator stays light.
 
 from __future__ import annotations
 
+import io
 import math
+import os
 from pathlib import Path
 from typing import Any, Callable
+
+from simulator._io import write_output
 
 TIMELINE_STYLE = {  # kind -> (colour, legend label, row offset, row height)
     "forward": ("#8fb3e0", "forward", 0.0, 0.55),
@@ -25,10 +29,17 @@ TIMELINE_STYLE = {  # kind -> (colour, legend label, row offset, row height)
 
 
 def _pyplot():
-    import matplotlib
+    # Figures are always drawn off-screen (Agg); a backend named in the environment (MPLBACKEND)
+    # is not consulted, so a bogus one cannot stop the import.
+    backend = os.environ.pop("MPLBACKEND", None)
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    finally:
+        if backend is not None:
+            os.environ["MPLBACKEND"] = backend
 
     plt.rcParams.update({"svg.hashsalt": "simulator", "figure.dpi": 110, "font.size": 8})
     return plt
@@ -49,13 +60,23 @@ def summarize(fig) -> dict[str, Any]:
     return {"title": fig._suptitle.get_text() if fig._suptitle is not None else "", "legend": legends, "axes": axes}
 
 
+def _save(fig, path: Path) -> None:
+    """Render in memory in the format the suffix names, then write atomically (``write_output``)."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    buffer = io.BytesIO()
+    # No timestamp in the metadata, so regenerating a figure gives the same bytes.
+    metadata = {"Software": None} if fmt == "png" else {"Creator": None, "Date": None} if fmt == "svg" else \
+        {"Creator": None, "Producer": None, "CreationDate": None}
+    fig.savefig(buffer, format=fmt, metadata=metadata, bbox_inches="tight")
+    write_output(path, buffer.getvalue(), "figure")
+
+
 def _finish(plt, fig, path: Path) -> dict[str, Any]:
     summary = summarize(fig)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # No timestamp in the PNG metadata, so regenerating a figure gives the same bytes.
-    fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        _save(fig, path)
+    finally:
+        plt.close(fig)
     return summary
 
 

@@ -11,13 +11,11 @@ The formulas that use these parameters live in ``simulator.costs``.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -28,10 +26,16 @@ from pydantic import (
     model_validator,
 )
 
-from simulator._io import validation_message
+from simulator import limits
+from simulator._io import check_name, exists, parse_json, read_text, short_repr, validation_message, write_output
 from simulator.errors import ProfileError
 
 SCHEMA_VERSION = 1
+
+# Every number of a profile is finite and in its physical range (simulator.limits), so no time the
+# cost models derive from it overflows or turns negative: a corrupt file is refused, not used.
+_FRACTION, _SECONDS = limits.FRACTION_RANGE, limits.FIXED_SECONDS_RANGE
+_GBPS, _SIZE = limits.GBPS_RANGE, limits.SIZE_RANGE
 
 
 def _profile_dir() -> Path:
@@ -42,7 +46,7 @@ def _profile_dir() -> Path:
 class FitRecord(BaseModel):
     """The raw points a block was fitted to and the fit's relative residual at each, (model - data) / data."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     columns: tuple[str, ...]
     points: tuple[tuple[float, ...], ...]
@@ -67,7 +71,7 @@ class _Block(BaseModel):
     pins also gives its plausible ``ranges`` entry (low, high), from which the band on every
     answer is computed."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     sources: dict[str, str]
     fits: tuple[FitRecord, ...] = ()
@@ -107,15 +111,19 @@ class GemmParams(_Block):
     wave_eff = tiles / (ceil(tiles / sm_count) * sm_count), tiles = ceil(m/tile_m) * ceil(n/tile_n) * batch.
     """
 
-    max_efficiency: float = Field(gt=0, le=1, description="Fraction of the dense tensor peak the best shapes reach.")
-    tile_m: int = Field(gt=0, description="Output tile rows of one thread block (elements).")
-    tile_n: int = Field(gt=0, description="Output tile columns of one thread block (elements).")
-    k_half: float = Field(ge=0, description="Reduction length at which per-tile prologue/epilogue halve efficiency.")
-    misaligned_factor: float = Field(gt=0, le=1, description="Slowdown when m, n or k is not a multiple of alignment_bytes.")
-    alignment_bytes: int = Field(gt=0, description="Tensor-core alignment of each dimension, bytes (Anthony et al. 2024).")
-    launch_overhead_s: float = Field(ge=0, description="Fixed time per kernel, seconds.")
+    max_efficiency: float = Field(description="Fraction of the dense tensor peak the best shapes reach.", **_FRACTION)
+    tile_m: int = Field(gt=0, le=65536, description="Output tile rows of one thread block (elements).")
+    tile_n: int = Field(gt=0, le=65536, description="Output tile columns of one thread block (elements).")
+    k_half: float = Field(description="Reduction length at which per-tile prologue/epilogue halve efficiency.", **_SIZE)
+    misaligned_factor: float = Field(
+        description="Slowdown when m, n or k is not a multiple of alignment_bytes.", **_FRACTION
+    )
+    alignment_bytes: int = Field(
+        gt=0, le=65536, description="Tensor-core alignment of each dimension, bytes (Anthony et al. 2024)."
+    )
+    launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
     ceiling_efficiency: float | None = Field(
-        None, gt=0, le=1,
+        None, **_FRACTION,
         description="Best efficiency any shape reaches (a brute-force shape search's maximum); caps the formula.",
     )
 
@@ -123,9 +131,9 @@ class GemmParams(_Block):
 class ElementwiseParams(_Block):
     """Memory-bound kernels: time = launch_overhead_s + bytes / (hbm_bandwidth * achieved_fraction)."""
 
-    achieved_fraction: float = Field(gt=0, le=1, description="Fraction of peak HBM bandwidth a fused kernel reaches.")
-    launch_overhead_s: float = Field(ge=0, description="Fixed time per kernel, seconds.")
-    kernel_fractions: dict[str, float] | None = Field(
+    achieved_fraction: float = Field(description="Fraction of peak HBM bandwidth a fused kernel reaches.", **_FRACTION)
+    launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
+    kernel_fractions: dict[str, Annotated[float, Field(**_FRACTION)]] | None = Field(
         None, description="Achieved fraction per kernel class (layer_norm, dropout, gelu, softmax, bias_add_residual, "
                           "copy) where measured; the others use achieved_fraction.",
     )
@@ -137,10 +145,12 @@ class ElementwiseParams(_Block):
 class AttentionParams(_Block):
     """Fused (flash) attention: eff = phase_efficiency * s / (s + seq_half), of the dense tensor peak."""
 
-    forward_efficiency: float = Field(gt=0, le=1, description="Forward efficiency at long sequences [FA2].")
-    backward_efficiency: float = Field(gt=0, le=1, description="Backward efficiency at long sequences [FA2].")
-    seq_half: float = Field(0.0, ge=0, description="Sequence length at which the efficiency halves (0: no size term).")
-    launch_overhead_s: float = Field(ge=0, description="Fixed time per kernel, seconds.")
+    forward_efficiency: float = Field(description="Forward efficiency at long sequences [FA2].", **_FRACTION)
+    backward_efficiency: float = Field(description="Backward efficiency at long sequences [FA2].", **_FRACTION)
+    seq_half: float = Field(
+        0.0, description="Sequence length at which the efficiency halves (0: no size term).", **_SIZE
+    )
+    launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
 
 
 class LinkParams(_Block):
@@ -159,28 +169,32 @@ class LinkParams(_Block):
     collective's latency grows with the steps (ring) or tree levels it crosses.
     """
 
-    latency_s: float = Field(ge=0)
-    max_busbw_gbps: float = Field(gt=0, description="Ring bus bandwidth for large messages, GB/s (per GPU or per NIC).")
-    half_size_bytes: float = Field(ge=0, description="Message size at which bus bandwidth is half its maximum.")
-    ramp_exponent: float = Field(1.0, gt=0, description="Steepness p of the bus-bandwidth ramp with message size.")
+    latency_s: float = Field(**_SECONDS)
+    max_busbw_gbps: float = Field(
+        description="Ring bus bandwidth for large messages, GB/s (per GPU or per NIC).", **_GBPS
+    )
+    half_size_bytes: float = Field(description="Message size at which bus bandwidth is half its maximum.", **_SIZE)
+    ramp_exponent: float = Field(
+        1.0, ge=0.01, le=100, description="Steepness p of the bus-bandwidth ramp with message size."
+    )
     ramp_curve: tuple[tuple[float, float], ...] | None = Field(
         None, description="Measured (size_bytes, fraction of max_busbw_gbps) points, sizes increasing; ramp(S) "
                           "is interpolated between them, the parametric form is used outside.",
     )
     nvls_max_busbw_gbps: float | None = Field(
-        None, gt=0, description="All-reduce bus bandwidth with NVLink SHARP (Hopper and later), GB/s."
+        None, **_GBPS, description="All-reduce bus bandwidth with NVLink SHARP (Hopper and later), GB/s."
     )
-    p2p_bandwidth_gbps: float = Field(gt=0, description="Send/recv bandwidth of one GPU pair, GB/s.")
-    p2p_latency_s: float = Field(ge=0)
+    p2p_bandwidth_gbps: float = Field(description="Send/recv bandwidth of one GPU pair, GB/s.", **_GBPS)
+    p2p_latency_s: float = Field(**_SECONDS)
 
     @model_validator(mode="after")
     def _ramp_curve_is_a_curve(self) -> "LinkParams":
         c = self.ramp_curve
         if c is None:
             return self
-        if len(c) < 2 or any(size <= 0 or frac <= 0 for size, frac in c):
-            raise ValueError("ramp_curve needs at least 2 points of positive (size_bytes, fraction); "
-                             "measure more sizes or drop ramp_curve")
+        if len(c) < 2 or any(not (0 < size <= _SIZE["le"] and _FRACTION["ge"] <= frac <= 1) for size, frac in c):
+            raise ValueError("ramp_curve needs at least 2 points of (size_bytes, fraction) with sizes from 1 to 1e15 "
+                             "bytes and fractions of the maximum from 1e-6 to 1; measure again or drop ramp_curve")
         if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
             raise ValueError("ramp_curve sizes must increase strictly; sort the points and drop repeated sizes")
         return self
@@ -210,7 +224,7 @@ class HostParams(_Block):
 
 
 class CollectiveParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     nvlink: LinkParams
     network: LinkParams
@@ -219,7 +233,7 @@ class CollectiveParams(BaseModel):
 class DeviceInfo(BaseModel):
     """Where a profile was measured; all null for a published profile."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str | None = None
     driver: str | None = None
@@ -240,7 +254,7 @@ class DeviceInfo(BaseModel):
 class HardwareProfile(BaseModel):
     """How fast one GPU type (and its node's links) really runs."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     _hash: int | None = PrivateAttr(None)
 
@@ -320,16 +334,12 @@ def profile_names() -> list[str]:
 
 
 def _parse(text: str, where: str) -> HardwareProfile:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"profile {where} is not valid JSON ({exc.msg} at line {exc.lineno}); "
-                           "fix it or rebuild it with `simulator calibrate`") from None
+    data = parse_json(text, f"profile {where}", ProfileError, fix="fix it or rebuild it with `simulator calibrate`")
     if not isinstance(data, dict):
         raise ProfileError(f"profile {where} must hold a JSON object, not {type(data).__name__}; rebuild it")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise ProfileError(f"profile {where} has schema_version={version!r} but this simulator reads "
+        raise ProfileError(f"profile {where} has schema_version={short_repr(version)} but this simulator reads "
                            f"version {SCHEMA_VERSION}; rebuild the profile with this version")
     try:
         return HardwareProfile.model_validate(data)
@@ -338,19 +348,20 @@ def _parse(text: str, where: str) -> HardwareProfile:
 
 
 def load_profile(path_or_name: str | os.PathLike) -> HardwareProfile:
-    """A shipped profile by name (``a100-sxm4-80gb-published``) or a JSON file."""
+    """A shipped profile by name (``a100-sxm4-80gb-published``) or a JSON file.
+
+    A name is looked up among the shipped profiles only, never joined to their folder as a path,
+    so a name such as ``../x`` cannot reach a file elsewhere.
+    """
     text_name = str(path_or_name)
-    path = _profile_dir() / f"{text_name}.json"
-    if not path.is_file():
-        path = Path(path_or_name)
-        if not path.is_file():
-            raise ProfileError(f"unknown profile {text_name!r}; use one of {', '.join(profile_names())} "
+    if text_name in profile_names():
+        path = _profile_dir() / f"{text_name}.json"
+    else:
+        path = check_name(path_or_name, "profile file", ProfileError)
+        if not exists(path, "profile"):
+            raise ProfileError(f"unknown profile {short_repr(text_name)}; use one of {', '.join(profile_names())} "
                                "or the path of a profile JSON file")
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ProfileError(f"cannot read profile {str(path)!r}: {exc.strerror}; check the path") from None
-    return _parse(text, repr(str(path)))
+    return _parse(read_text(path, "profile", ProfileError), repr(str(path)))
 
 
 @lru_cache(maxsize=16)
@@ -361,23 +372,12 @@ def default_profile(gpu_name: str) -> HardwareProfile:
     warm across the thousands of plans a search costs.
     """
     name = f"{gpu_name.lower()}-published"
-    if not (_profile_dir() / f"{name}.json").is_file():
-        raise ProfileError(f"no published profile for GPU {gpu_name!r}; pass --profile with a measured profile "
-                           f"or use one of {', '.join(profile_names())}")
+    if name not in profile_names():
+        raise ProfileError(f"no published profile for GPU {short_repr(gpu_name)}; pass --profile with a measured "
+                           f"profile or use one of {', '.join(profile_names())}")
     return load_profile(name)
 
 
 def save_profile(profile: HardwareProfile, path: str | os.PathLike) -> Path:
-    """Write a profile atomically: a temp file in the same folder, then os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(profile.model_dump_json(indent=2) + "\n")
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a profile is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write a profile atomically (see ``simulator._io.write_output``)."""
+    return write_output(path, profile.model_dump_json(indent=2) + "\n", "profile")

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from simulator import korthikanti as k
-from simulator.estimate import Estimate, estimate, simulate_job
+from simulator._io import write_output
+from simulator.estimate import Estimate, estimate
 from simulator.hardware import load_cluster
 from simulator.layers import transformer_layer
 from simulator.model import PRESETS
@@ -401,9 +402,9 @@ def generate(out: Path, progress: Callable[[str, bool, int, int], None] | None =
         data.update(results[name].get("data", {}))
     data["figure8"] = {k2: v for k2, v in data["figure8"].items() if k2 != "sp_backward_gap"}
     data["figures"] = figures
-    (out / "README.md").write_text("\n".join(text) + "\n")
-    (out / "data").mkdir(parents=True, exist_ok=True)
-    (out / "data" / "report.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    write_output(out / "README.md", "\n".join(text) + "\n", "report")
+    write_output(out / "data" / "report.json", json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n",
+                 "report data")
     if html:
         from simulator.html_report import write_html
 

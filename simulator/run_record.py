@@ -8,58 +8,69 @@ into place), so a crashed run leaves none.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from simulator._io import validation_message
+from simulator._io import parse_json, read_text, validation_message, write_output
 from simulator.errors import RunRecordError
 from simulator.model import ModelSpec
 from simulator.plan import ParallelPlan, RecomputeGranularity
 
 FORMAT_VERSION = 1
 
+# What a measurement can be: a time of a layer or an iteration is positive and under a day; a byte
+# count fits in a machine; a loss is a cross-entropy, at least 0 and (with a vocabulary of at most
+# a few million) far below 1,000. A NaN loss is a diverged run, not a record to validate against.
+_SECONDS = dict(ge=0, le=86_400.0)
+_BYTES = dict(ge=0, le=2**60)
+Seconds = Annotated[float, Field(gt=0, le=86_400.0)]
+Loss = Annotated[float, Field(ge=0, le=1_000.0)]
+
 
 class LayerRecord(BaseModel):
     """One transformer layer, one micro-batch, measured on its stage's TP rank 0 / DP rank 0."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    index: int = Field(ge=0, description="Global layer index.")
-    stage: int = Field(ge=0, description="Pipeline stage that holds the layer.")
-    chunk: int = Field(ge=0, description="Model chunk on that stage (interleaved schedule).")
+    index: int = Field(ge=0, le=2**31, description="Global layer index.")
+    stage: int = Field(ge=0, le=2**31, description="Pipeline stage that holds the layer.")
+    chunk: int = Field(ge=0, le=2**31, description="Model chunk on that stage (interleaved schedule).")
     recompute_granularity: RecomputeGranularity = Field(
         description="What applied to this layer (block recompute leaves the later layers of a chunk at 'none')."
     )
-    forward_s: float | None = Field(None, ge=0, description="Mean forward time per micro-batch, s.")
-    backward_s: float | None = Field(None, description="Mean backward time without the recompute, s.")
-    recompute_s: float | None = Field(None, ge=0, description="Mean time replaying recomputed ops in backward, s.")
-    activation_bytes: int = Field(ge=0, description="Bytes saved for backward, storages counted once, no parameters.")
+    forward_s: float | None = Field(None, description="Mean forward time per micro-batch, s.", **_SECONDS)
+    backward_s: float | None = Field(None, description="Mean backward time without the recompute, s.", **_SECONDS)
+    recompute_s: float | None = Field(
+        None, description="Mean time replaying recomputed ops in backward, s.", **_SECONDS
+    )
+    activation_bytes: int = Field(
+        description="Bytes saved for backward, storages counted once, no parameters.", **_BYTES
+    )
     norm_statistics_bytes: int = Field(
-        ge=0, description="LayerNorm's fp32 mean and 1/std per token, which the memory model leaves out."
+        **_BYTES, description="LayerNorm's fp32 mean and 1/std per token, which the memory model leaves out."
     )
 
 
 class RunRecord(BaseModel):
     """One reference run: the job in the simulator's own spec format and what it measured."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     format_version: int = Field(FORMAT_VERSION, description="Bumped when fields change meaning.")
     model: ModelSpec
     plan: ParallelPlan
     cluster: str = Field(description="Cluster spec the predictions use (local-cpu for CPU runs).")
     device: str = Field(description="What ran it, e.g. 'cpu (16 threads)' or 'cuda: NVIDIA H100 80GB HBM3'.")
-    world_size: int = Field(gt=0)
+    world_size: int = Field(gt=0, le=2**31)
     torch_version: str
     seed: int = 0
-    warmup_iterations: int = Field(0, ge=0, description="Leading iterations left out of the layer times.")
-    iteration_times_s: list[float] = Field(description="Wall time of each iteration, slowest rank, s.")
-    losses: list[float] = Field(description="Mean training loss of each iteration over the global batch.")
+    warmup_iterations: int = Field(0, ge=0, le=2**31, description="Leading iterations left out of the layer times.")
+    iteration_times_s: list[Seconds] = Field(description="Wall time of each iteration, slowest rank, s.")
+    losses: list[Loss] = Field(description="Mean training loss of each iteration over the global batch.")
     layers: list[LayerRecord]
-    peak_allocated_bytes_per_stage: list[int] | None = Field(
+    peak_allocated_bytes_per_stage: list[Annotated[int, Field(**_BYTES)]] | None = Field(
         None, description="torch.cuda.max_memory_allocated, largest over a stage's ranks (null on CPU)."
     )
     threads_per_rank: int | None = Field(
@@ -101,16 +112,8 @@ class RunRecord(BaseModel):
 def load_run_record(path: str | Path) -> RunRecord:
     """Read and check a record; every failure is one RunRecordError sentence."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise RunRecordError(
-            f"cannot read run record {str(path)!r}: {exc.strerror}; run 'simulator reference --out {path}' first"
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RunRecordError(f"run record {str(path)!r} is not valid JSON ({exc.msg}); rerun the reference loop") from None
+    text = read_text(path, "run record", RunRecordError, fix=f"run 'simulator reference --out {path}' first")
+    data = parse_json(text, f"run record {str(path)!r}", RunRecordError, fix="rerun the reference loop")
     if not isinstance(data, dict):
         raise RunRecordError(f"run record {str(path)!r} must hold a JSON object, not {type(data).__name__}")
     try:
@@ -120,9 +123,5 @@ def load_run_record(path: str | Path) -> RunRecord:
 
 
 def write_run_record(record: RunRecord, path: str | Path) -> None:
-    """Write atomically: a reader never sees half a record."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(record.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write atomically: a reader never sees half a record (see ``simulator._io.write_output``)."""
+    write_output(path, record.model_dump_json(indent=2) + "\n", "run record")

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from simulator.errors import InfeasiblePlanError
 from simulator.estimate import Estimate, simulate_job
 from simulator.hardware import ClusterSpec
+from simulator.limits import MAX_GLOBAL_BATCH_SIZE, MAX_GPUS, MAX_PIPELINE_CHUNKS
 from simulator.memory import stage_peak_bytes
 from simulator.model import ModelSpec
 from simulator.pipeline_split import chunk_layers
@@ -64,8 +65,8 @@ class SearchRequest(BaseModel):
 
     model: ModelSpec
     cluster: ClusterSpec
-    num_gpus: int = Field(gt=0)
-    global_batch_size: int = Field(gt=0)
+    num_gpus: int = Field(gt=0, le=MAX_GPUS)
+    global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH_SIZE)
     pins: SearchPins = SearchPins()
     precision: Precision = Precision.bf16
     use_flash_attention: bool = Field(True, description="Plans use a fused attention kernel (Megatron's default, "
@@ -120,6 +121,11 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _pinned(allowed, pin) -> list:
+    """The allowed values, or the pinned one if the rules allow it (a pin never adds a value they refuse)."""
+    return list(allowed) if pin is None else [x for x in allowed if x == pin]
+
+
 def _recompute_options(chunk_layers: int, pinned: RecomputeGranularity | None) -> list[RecomputePolicy]:
     """none, selective, full (uniform, one layer per group) and full/block with 1..n-1 checkpointed layers."""
     out = []
@@ -171,20 +177,19 @@ def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
     m, c, pins, n = req.model, req.cluster, req.pins, req.num_gpus
     L, gbs, s = m.num_layers, req.global_batch_size, m.seq_length
     tps = [t for t in _divisors(c.gpus_per_node)
-           if m.num_attention_heads % t == 0 and m.vocab_size % t == 0
+           if m.num_attention_heads % t == 0 and m.vocab_size % t == 0 and m.ffn_size % t == 0
            and (m.query_groups % t == 0 or t % m.query_groups == 0)]
     cps = [1] + [cp for cp in CP_SIZES
                  if req.use_flash_attention and s % (2 * cp) == 0 and s // cp >= CP_MIN_TOKENS_PER_RANK]
     backend = AttentionBackend.auto if req.use_flash_attention else AttentionBackend.unfused
     # every candidate is this template with its own layout: copying one plan is far cheaper than
-    # building each from its defaults
-    template = ParallelPlan(global_batch_size=gbs, precision=req.precision, fp8_format=req.fp8_format,
+    # building each from its defaults (built at one sequence, which every rule allows, then given the batch)
+    template = ParallelPlan(global_batch_size=1, precision=req.precision, fp8_format=req.fp8_format,
                             use_flash_attention=req.use_flash_attention, attention_backend=backend,
-                            overlap_grad_reduce=req.overlap_grad_reduce)
-    for t in tps if pins.tensor_parallel_size is None else [pins.tensor_parallel_size]:
-        for cp in cps if pins.context_parallel_size is None else [pins.context_parallel_size]:
-            pps = range(1, L + 1) if pins.pipeline_parallel_size is None else [pins.pipeline_parallel_size]
-            for p in pps:
+                            overlap_grad_reduce=req.overlap_grad_reduce).model_copy(update={"global_batch_size": gbs})
+    for t in _pinned(tps, pins.tensor_parallel_size):
+        for cp in _pinned(cps, pins.context_parallel_size):
+            for p in _pinned(range(1, L + 1), pins.pipeline_parallel_size):
                 if n % (t * cp * p):
                     continue
                 d = n // (t * cp * p)
@@ -193,7 +198,9 @@ def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
                         continue
                     micro_batches = gbs // (mbs * d)
                     vs = [1] + ([v for v in range(2, L // p + 1) if micro_batches % p == 0] if p > 1 else [])
-                    for v in vs if pins.virtual_pipeline_stages is None else [pins.virtual_pipeline_stages]:
+                    for v in _pinned(vs, pins.virtual_pipeline_stages):
+                        if p * v * micro_batches > MAX_PIPELINE_CHUNKS:  # a schedule too long to play
+                            continue
                         for split in pipeline_splits(L, p, v):
                             chunk = max(max(c_) for c_ in _split_layers(L, p, v, split))
                             yield from _variants(template, pins, t, cp, p, d, v, mbs, split, chunk)
@@ -214,7 +221,7 @@ def _variants(template: ParallelPlan, pins: SearchPins, t: int, cp: int, p: int,
         shardings += [DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params]
     if pins.use_distributed_optimizer is not None:
         shardings = [x for x in shardings if (x is not DataParallelSharding.no_shard) == pins.use_distributed_optimizer]
-    for sp in sps if pins.sequence_parallel is None else [pins.sequence_parallel]:
+    for sp in _pinned(sps, pins.sequence_parallel):
         for rec in _recompute_options(chunk, pins.recompute_granularity):
             for sharding in shardings:
                 yield template.model_copy(update=dict(

@@ -219,11 +219,11 @@ class LayerTimes:
 @lru_cache(maxsize=4096)
 def _layer_times(layer: LayerGraph, cost: OpCoster) -> LayerTimes:
     fwd = play([layer.forward], cost)
-    rec = play([layer.recompute], cost) if layer.recompute.number_of_nodes() else PhaseTimeline.empty()
     bwd_only = play([layer.backward], cost, backward=(True,))
     both = (play([layer.recompute, layer.backward], cost, backward=(False, True))
             if layer.recompute.number_of_nodes() else bwd_only)
-    # what the replay adds to the backward (host and device overlap across the two, so not rec's own time)
+    # what the replay adds to the backward (host and device overlap across the two, so not the replay's
+    # own time)
     return LayerTimes(fwd.steady_s, bwd_only.steady_s, both.steady_s - bwd_only.steady_s, fwd, both, bwd_only)
 
 

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from simulator._io import write_output
 from simulator.describe import layout, settings_json
 from simulator.engine import Interval, _consumer
 from simulator.estimate import OPTIMIZER_BYTES_PER_PARAM, Simulation
-from simulator.layers import CollectiveKind, Op, OpKind, Stream, embedding_extras, output_extras, transformer_layer
+from simulator.layers import CollectiveKind, Op, Stream, embedding_extras, output_extras, transformer_layer
 from simulator.memory import chunk_activations, stage_memory, stage_parameters
 from simulator.plan import Job, RecomputeGranularity, RecomputeMethod
 from simulator.schedules import Phase
@@ -317,9 +318,5 @@ def trace_document(sim: Simulation, job: Job, detail: Iterable[int] = (0,)) -> d
 
 
 def write_trace(sim: Simulation, job: Job, path: Path, detail: Iterable[int] = (0,)) -> None:
-    """Write the trace atomically (a reader never sees half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(trace_document(sim, job, detail), separators=(",", ":")))
-    tmp.replace(path)
+    """Write the trace atomically (see ``simulator._io.write_output``): a reader never sees half a file."""
+    write_output(path, json.dumps(trace_document(sim, job, detail), separators=(",", ":"), allow_nan=False), "trace")

@@ -32,3 +32,14 @@ def gpt3_175b():
 def published_dir() -> Path:
     """The repo's copy of the published reference data (never ../shared)."""
     return PUBLISHED
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the fuzz tests' cases ended in (tests/test_fuzz.py), when any ran."""
+    from tests import fuzz_tally
+
+    lines = fuzz_tally.summary()
+    if lines:
+        terminalreporter.section("fuzz cases")
+        for line in lines:
+            terminalreporter.write_line(line)

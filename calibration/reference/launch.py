@@ -9,15 +9,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from simulator import children
+from simulator._io import check_output, write_output
 from simulator.errors import ConfigError, RunRecordError
 from simulator.model import Normalization, PositionEmbedding
 from simulator.plan import Job, RecomputeGranularity, RecomputeMethod
-from simulator.run_record import RunRecord, load_run_record
+from simulator.run_record import RunRecord, load_run_record, write_run_record
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = Path(__file__).resolve().with_name("train.py")
@@ -73,56 +75,54 @@ def launch(nproc: int, train_args: list[str], log: Path, script: Path | None = N
 
     torchrun sets OMP_NUM_THREADS=1 only when it starts more than one process, so a one-process run
     would take every core where the profile measured one; the variables are set here for any count,
-    and the loop sets and checks torch's thread count itself.
+    and the loop sets and checks torch's thread count itself. The run has a process group of its own,
+    stopped whole when it runs past its time or this command ends early (a rank left behind would
+    keep its GPU's memory from the next run).
     """
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    # its own session, so that a run past its time is stopped with every rank torchrun started (a rank
-    # left behind would keep its GPU's memory from the next run)
-    proc = subprocess.Popen(torchrun_command(nproc, train_args, script), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
+        done = children.run(torchrun_command(nproc, train_args, script), env=env, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _stop(proc)
         raise RunRecordError(f"the reference run took more than {timeout_s:.0f} s and was stopped; "
                              "use fewer iterations or a smaller model") from None
-    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(done.stdout + done.stderr)
+        write_output(log, done.stdout + done.stderr, "reference run log")
         raise RunRecordError(
             f"the reference run failed (torchrun exit code {done.returncode}): {_first_error(done.stderr + done.stdout)}; "
             f"no record was written, the full output is in {str(log)!r}"
         )
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Terminate the launch's process group (torchrun and its ranks), then kill what is left."""
-    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.communicate(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def _log_path(out: Path) -> Path:
+    """Beside the record, unless the record goes to a device or FIFO (/dev/null): then in the temp folder."""
+    if not out.exists() or out.is_file():
+        return out.with_name(out.name + ".log")
+    return Path(tempfile.gettempdir()) / f"simulator-reference-{os.getpid()}.log"
 
 
 def run_reference(job: Job, *, device: str, iterations: int, out: Path, seed: int = 1234,
                   script: Path | None = None, threads: int = 1, timeout_s: float | None = None) -> RunRecord:
-    """One run of ``job`` on ``job.num_gpus`` processes of ``threads`` threads; returns the record it wrote to
-    ``out``."""
-    out = Path(out)
-    out.unlink(missing_ok=True)  # a stale record must not pass for this run's
-    args = ["--job", job.model_dump_json(), "--device", device, "--iterations", str(iterations), "--out", str(out),
-            "--seed", str(seed), "--threads", str(threads)]
-    launch(job.num_gpus, args, out.with_name(out.name + ".log"), script, timeout_s=timeout_s, threads=threads)
-    return load_run_record(out)
+    """One run of ``job`` on ``job.num_gpus`` processes of ``threads`` threads; returns the record, also
+    written to ``out``.
+
+    A stale record at ``out`` is removed first, so it never passes for this run's; the loop writes
+    into a folder of its own and ``out`` is written once the record has been read back whole. Only
+    a regular file is removed or replaced: a device or FIFO such as /dev/null is written through.
+    """
+    out = check_output(out, "run record")
+    if out.is_file() and not out.is_symlink():
+        out.unlink()
+    with tempfile.TemporaryDirectory(prefix="simulator-reference-") as tmp:
+        fresh = Path(tmp) / "run.json"
+        args = ["--job", job.model_dump_json(), "--device", device, "--iterations", str(iterations),
+                "--out", str(fresh), "--seed", str(seed), "--threads", str(threads)]
+        launch(job.num_gpus, args, _log_path(out), script, timeout_s=timeout_s, threads=threads)
+        record = load_run_record(fresh)
+    write_run_record(record, out)
+    return record
 
 
 def run_batch(entries: list[dict], *, nproc: int, device: str, workdir: Path, threads: int = 1) -> None:

@@ -5,12 +5,15 @@ line in ``COMMANDS``; modules are imported only when their command runs (or ``--
 so heavy imports (matplotlib, torch) stay inside the command that needs them.
 
 Bad input of any kind (a ``SimulatorError`` or a click usage error) ends with one sentence on
-stderr and exit code 2, never a traceback; anything else is a bug and keeps its traceback.
+stderr and exit code 2 (3 for a plan that ``--require-fit`` refuses), never a traceback; anything
+else is a bug and keeps its traceback. SIGTERM and SIGHUP stop a command the way Ctrl-C does, so
+that child processes and temporary files are cleaned up on the way out.
 """
 
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from importlib import metadata
 from typing import Any
@@ -35,6 +38,7 @@ COMMANDS: dict[str, str] = {
 }
 
 USAGE_EXIT_CODE = 2
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 DISTRIBUTION = "megatron-perf-simulator"
 
 
@@ -67,9 +71,9 @@ class SimulatorGroup(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.exceptions.Abort:
-            click.echo("error: aborted", err=True)
-            sys.exit(1)
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            click.echo("error: interrupted; nothing more was written", err=True)
+            sys.exit(INTERRUPTED_EXIT_CODE)
         except click.UsageError as exc:
             hint = f"; see '{exc.ctx.command_path} --help'" if exc.ctx is not None else ""
             click.echo(f"error: {_one_sentence(exc.format_message())}{hint}", err=True)
@@ -79,7 +83,7 @@ class SimulatorGroup(click.Group):
             sys.exit(USAGE_EXIT_CODE)
         except SimulatorError as exc:
             click.echo(f"error: {_one_sentence(str(exc))}", err=True)
-            sys.exit(USAGE_EXIT_CODE)
+            sys.exit(exc.exit_code)
         # non-standalone click returns the exit code of --help / ctx.exit(); commands return None
         sys.exit(code if isinstance(code, int) else 0)
 
@@ -90,9 +94,20 @@ def cli() -> None:
     """Performance simulator and capacity planner for Megatron-style GPT training."""
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main() -> None:
     """Console-script entry point."""
-    cli(prog_name="simulator")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    try:
+        cli(prog_name="simulator")
+    except BrokenPipeError:
+        # the reader of stdout went away (`simulator models | head -1`): nothing left to say
+        sys.stderr.close()
+        sys.exit(1)
 
 
 __all__ = ["COMMANDS", "cli", "main"]

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import click
 
+from simulator import limits
+from simulator.cli.options import MICRO_BATCH, PARALLEL_SIZE, BoundedFloat, OutputFile
+
 EXAMPLES = """
 \b
 Examples:
@@ -59,21 +62,22 @@ def render(result, out: Path) -> str:
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="Where to measure (omit with --raw: the points say).")
 @click.option("--quick", is_flag=True, help="Fewer sizes and repetitions (about a minute on a CPU).")
-@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("--out", "out", type=OutputFile("profile"), required=True,
               help="Profile JSON to write (atomically).")
 @click.option("--raw", "raw", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Fit these raw points (from `python -m calibration.measure`) instead of measuring.")
-@click.option("--keep-raw", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--keep-raw", type=OutputFile("raw points"), default=None,
               help="Also keep the raw points measured here in this file.")
 @click.option("--gpu", default=None, metavar="NAME|FILE",
               help="GPU spec the profile describes (default: recognised from the device name).")
 @click.option("--name", default=None, help="Profile name (default: <gpu>-measured).")
 @click.option("--model", default=None, metavar="NAME|FILE", help="Model whose layer GEMMs are measured.")
-@click.option("--tensor-model-parallel-size", "--tp", "tp", type=click.IntRange(min=1), default=None,
+@click.option("--tensor-model-parallel-size", "--tp", "tp", type=PARALLEL_SIZE, default=None,
               help="TP size of those layer GEMMs.")
-@click.option("--micro-batch-size", "--mbs", "mbs", type=click.IntRange(min=1), default=None,
+@click.option("--micro-batch-size", "--mbs", "mbs", type=MICRO_BATCH, default=None,
               help="Micro-batch of those layer GEMMs.")
-@click.option("--budget-s", type=click.FloatRange(min=1), default=None, help="Wall-clock allowance for measuring.")
+@click.option("--budget-s", type=BoundedFloat(1, limits.MAX_BUDGET_S, closed=True), default=None,
+              help="Wall-clock allowance for measuring, seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit errors and held-out GEMMs as JSON.")
 def calibrate_command(device, quick, out, raw, keep_raw, gpu, name, model, tp, mbs, budget_s, as_json):
     """Measure GEMMs, attention, memory-bound kernels and collectives; fit and write a hardware profile."""
@@ -101,4 +105,4 @@ def calibrate_command(device, quick, out, raw, keep_raw, gpu, name, model, tp, m
         layer_args += ["--micro-batch", str(mbs)]
     result = calibrate(out, device=device, quick=quick, raw_path=raw, keep_raw=keep_raw,
                        gpu=load_gpu(gpu) if gpu else None, name=name, budget_s=budget_s, layer_args=layer_args)
-    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else render(result, out))
+    click.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False) if as_json else render(result, out))

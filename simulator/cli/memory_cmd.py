@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from simulator.cli.options import job_from_options, plan_options
+from simulator.cli.options import job_from_options, plan_options, require_fit, require_fit_option
 from simulator.describe import settings_json
 from simulator.memory import MemoryPlan, memory_plan
 from simulator.plan import Job
@@ -69,7 +69,8 @@ Examples:
 
 @click.command("memory", epilog=EXAMPLES)
 @plan_options
-def memory(**options: Any) -> None:
+@require_fit_option
+def memory(require_fit_flag: bool, **options: Any) -> None:
     """Per-stage, per-GPU memory of a plan (GiB) and whether it fits."""
     from simulator.hf import collected_notes
 
@@ -77,7 +78,9 @@ def memory(**options: Any) -> None:
         job = job_from_options(**options)
     plan = memory_plan(job)
     if options["as_json"]:
-        click.echo(json.dumps({**to_json(job, plan), "notes": notes}, indent=2))
+        click.echo(json.dumps({**to_json(job, plan), "notes": notes}, indent=2, allow_nan=False))
+        if require_fit_flag:
+            require_fit(job, plan)
         return
     click.echo(describe_job(job))
     for note in notes:
@@ -91,3 +94,5 @@ def memory(**options: Any) -> None:
         f"{format_gib(plan.capacity_bytes)} GiB"
     )
     click.echo(verdict)
+    if require_fit_flag:
+        require_fit(job, plan)

@@ -1,13 +1,17 @@
-"""The plan flags every command shares, with Megatron-LM's names and short aliases, and the Job they build."""
+"""The plan flags every command shares, with Megatron-LM's names and short aliases, and the Job they build;
+and the bounded number and output-file types every command's flags use."""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from simulator._io import build
-from simulator.errors import ConfigError
+from simulator import limits
+from simulator._io import build, check_output, short_repr
+from simulator.errors import ConfigError, PlanDoesNotFit
 from simulator.hardware import load_cluster
 from simulator.model import load_model
 from simulator.plan import (
@@ -20,7 +24,92 @@ from simulator.plan import (
     RecomputeMethod,
 )
 
-_POSITIVE = click.IntRange(min=1)
+_DIGITS = 30  # more digits than any bound has: refused before Python converts (and prints) a 5,000-digit number
+
+
+class BoundedInt(click.ParamType):
+    """A whole number in [low, high]; anything else (text, 1e3, a 5,000-digit number) is one sentence."""
+
+    name = "integer"
+
+    def __init__(self, low: int, high: int):
+        self.low, self.high = low, high
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            text = str(value).strip()
+            if len(text) > _DIGITS:
+                self.fail(f"a value of {len(text):,} characters ({short_repr(text, 24)}) is out of range; give a whole "
+                          f"number from {self.low:,} to {self.high:,}", param, ctx)
+            try:
+                n = int(text)
+            except ValueError:
+                self.fail(f"{text!r} is not a whole number; give one from {self.low:,} to {self.high:,}", param, ctx)
+        if not self.low <= n <= self.high:
+            self.fail(f"{n:,} is out of range; give a whole number from {self.low:,} to {self.high:,}", param, ctx)
+        return n
+
+    def __repr__(self) -> str:
+        return f"BoundedInt({self.low}, {self.high})"
+
+
+class BoundedFloat(click.ParamType):
+    """A finite number in (low, high], or [low, high] with ``closed``; 300e9 and 3e11 alike; inf, nan and
+    anything out of range are one sentence."""
+
+    name = "number"
+
+    def __init__(self, low: float, high: float, closed: bool = False):
+        self.low, self.high, self.closed = low, high, closed
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        text = str(value).strip()
+        if len(text) > _DIGITS:
+            self.fail(f"a value of {len(text):,} characters ({short_repr(text, 24)}) is not a number this takes; give "
+                      "one such as 300e9", param, ctx)
+        try:
+            x = float(text)
+        except ValueError:
+            self.fail(f"{text!r} is not a number; give one such as 300e9", param, ctx)
+        above = x >= self.low if self.closed else x > self.low
+        if not math.isfinite(x) or not above or x > self.high:
+            self.fail(f"{text} is out of range; give a number {'from' if self.closed else 'more than'} {self.low:g} "
+                      f"{'to' if self.closed else 'and at most'} {self.high:g}", param, ctx)
+        return x
+
+    def __repr__(self) -> str:
+        return f"BoundedFloat({self.low}, {self.high})"
+
+
+class OutputFile(click.ParamType):
+    """A file to write, checked before any work is done (see ``simulator._io.write_output``);
+    ``suffixes`` restricts the formats (the Pareto figure is PNG, SVG or PDF by its suffix)."""
+
+    name = "file"
+
+    def __init__(self, what: str, suffixes: tuple[str, ...] = ()):
+        self.what, self.suffixes = what, suffixes
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        path = check_output(value, self.what)
+        if self.suffixes and path.suffix.lower() not in self.suffixes:
+            names = [s.lstrip(".").upper() for s in self.suffixes]
+            kinds = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+            self.fail(f"{str(path)!r} ends in {path.suffix or 'no suffix'!r}; the {self.what} is written as {kinds}, "
+                      f"chosen by the suffix, so name it like {path.stem or 'figure'}{self.suffixes[0]}", param, ctx)
+        return path
+
+
+TOKENS = BoundedFloat(0, limits.MAX_TOKENS)
+GPUS = BoundedInt(1, limits.MAX_GPUS)
+PARALLEL_SIZE = BoundedInt(1, limits.MAX_GPUS)
+VIRTUAL_STAGES = BoundedInt(1, limits.MAX_LAYERS)
+MICRO_BATCH = BoundedInt(1, limits.MAX_MICRO_BATCH_SIZE)
+GLOBAL_BATCH = BoundedInt(1, limits.MAX_GLOBAL_BATCH_SIZE)
+SEQ_LENGTH = BoundedInt(1, limits.MAX_SEQ_LENGTH)
+LAYERS = BoundedInt(1, limits.MAX_LAYERS)
 
 # (param_decls, kwargs) in the order --help lists them; the parameter names are what
 # job_from_options reads.
@@ -28,27 +117,27 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--model",), dict(default="gpt3-175b", show_default=True, metavar="NAME|FILE",
                         help="Model preset (gpt3-175b, llama3-70b, ...; see `simulator models`), a YAML/JSON "
                              "file of ModelSpec fields, or a Hugging Face config.json.")),
-    (("--seq-length", "seq_length"), dict(type=_POSITIVE, default=None,
+    (("--seq-length", "seq_length"), dict(type=SEQ_LENGTH, default=None,
                                           help="Override the model's sequence length (tokens).")),
     (("--cluster",), dict(default="dgx-a100-80gb", show_default=True, metavar="NAME|FILE",
                           help="Cluster preset (dgx-a100-80gb, dgx-h100, ...; see `simulator clusters`) "
                                "or a YAML file.")),
-    (("--gpus",), dict(type=_POSITIVE, default=None,
+    (("--gpus",), dict(type=GPUS, default=None,
                        help="Total GPUs; must equal TP x PP x DP. Default: TP x PP x DP.")),
     (("--tensor-model-parallel-size", "--tp", "tensor_parallel_size"),
-     dict(type=_POSITIVE, default=1, show_default=True, help="Tensor-parallel size.")),
+     dict(type=PARALLEL_SIZE, default=1, show_default=True, help="Tensor-parallel size.")),
     (("--pipeline-model-parallel-size", "--pp", "pipeline_parallel_size"),
-     dict(type=_POSITIVE, default=1, show_default=True, help="Pipeline stages.")),
+     dict(type=PARALLEL_SIZE, default=1, show_default=True, help="Pipeline stages.")),
     (("--data-parallel-size", "--dp", "data_parallel_size"),
-     dict(type=_POSITIVE, default=None, help="Data-parallel size. Default: --gpus / (TP x PP), or 1.")),
+     dict(type=PARALLEL_SIZE, default=None, help="Data-parallel size. Default: --gpus / (TP x PP), or 1.")),
     (("--virtual-pipeline-model-parallel-size", "--vpp", "virtual_pipeline_stages"),
-     dict(type=_POSITIVE, default=1, show_default=True, help="Model chunks per stage (interleaved 1F1B).")),
+     dict(type=VIRTUAL_STAGES, default=1, show_default=True, help="Model chunks per stage (interleaved 1F1B).")),
     (("--sequence-parallel/--no-sequence-parallel", "--sp/--no-sp", "sequence_parallel"),
      dict(default=False, show_default=True, help="Split norms and dropouts along the sequence (needs TP > 1).")),
     (("--micro-batch-size", "--mbs", "micro_batch_size"),
-     dict(type=_POSITIVE, default=1, show_default=True, help="Sequences per micro-batch.")),
+     dict(type=MICRO_BATCH, default=1, show_default=True, help="Sequences per micro-batch.")),
     (("--global-batch-size", "--gbs", "global_batch_size"),
-     dict(type=_POSITIVE, default=None,
+     dict(type=GLOBAL_BATCH, default=None,
           help="Sequences per iteration. Default: micro-batch x DP x PP (one full pipeline of micro-batches).")),
     (("--recompute-granularity", "recompute_granularity"),
      dict(type=click.Choice([g.value for g in RecomputeGranularity]), default="none", show_default=True,
@@ -57,7 +146,7 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
      dict(type=click.Choice([m.value for m in RecomputeMethod]), default="uniform", show_default=True,
           help="full only: uniform groups, or block (the first N layers of each chunk).")),
     (("--recompute-num-layers", "recompute_num_layers"),
-     dict(type=_POSITIVE, default=None, help="full only: layers per group (uniform) or per chunk (block); default 1.")),
+     dict(type=LAYERS, default=None, help="full only: layers per group (uniform) or per chunk (block); default 1.")),
     (("--use-distributed-optimizer", "use_distributed_optimizer"),
      dict(is_flag=True, default=False, help="Shard fp32 master weights and Adam state over DP.")),
     (("--precision",), dict(type=click.Choice([p.value for p in Precision]), default="bf16", show_default=True,
@@ -92,7 +181,8 @@ def plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def _data_parallel_size(gpus: int | None, tp: int, pp: int, dp: int | None) -> int:
+def data_parallel_size(gpus: int | None, tp: int, pp: int, dp: int | None) -> int:
+    """DP from --gpus, --tp, --pp and --dp (either may derive the other); inconsistent sizes are a ConfigError."""
     if gpus is None:
         return dp or 1
     if dp is None:
@@ -118,7 +208,7 @@ def job_from_options(**kwargs: Any) -> Job:
     """
     o = {k: v for k, v in kwargs.items() if k in PLAN_OPTION_NAMES}
     tp, pp = o.get("tensor_parallel_size", 1), o.get("pipeline_parallel_size", 1)
-    dp = _data_parallel_size(o.get("gpus"), tp, pp, o.get("data_parallel_size"))
+    dp = data_parallel_size(o.get("gpus"), tp, pp, o.get("data_parallel_size"))
     mbs = o.get("micro_batch_size", 1)
     gbs = o.get("global_batch_size") or mbs * dp * pp
     model = load_model(o.get("model", "gpt3-175b"), o.get("seq_length"))
@@ -148,3 +238,19 @@ def job_from_options(**kwargs: Any) -> Job:
     }, "plan")
     return build(Job, {"model": model, "cluster": cluster, "plan": plan}, "job")
 
+
+require_fit_option = click.option(
+    "--require-fit", "require_fit_flag", is_flag=True, default=False,
+    help="Exit with code 3 (after the answer) when the plan does not fit in GPU memory, for scripts.")
+
+
+def require_fit(job: Job, memory: Any) -> None:
+    """``--require-fit``: one sentence and exit code 3 when the memory plan does not fit."""
+    if not memory.fits:
+        from simulator.units import format_gib
+
+        raise PlanDoesNotFit(
+            f"the plan does not fit: stage {memory.overflowing_stage} needs {format_gib(memory.peak_bytes)} GiB of the "
+            f"{format_gib(memory.capacity_bytes)} GiB of a {job.cluster.gpu.name}; add recompute, sequence or "
+            "pipeline parallelism, a smaller micro-batch or more GPUs"
+        )

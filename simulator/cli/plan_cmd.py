@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from simulator.cli.options import job_from_options, plan_options
+from simulator.cli.options import TOKENS, OutputFile, job_from_options, plan_options, require_fit, require_fit_option
 from simulator.units import format_gib
 
 EXAMPLES = """
@@ -52,6 +52,7 @@ def render(job, est, notes: list[str] = ()) -> str:
         f"iteration time   {T:9.3f} s" + _band(est.iteration_time_s_low, est.iteration_time_s_high, "s", 3),
         f"MFU / HFU        {est.mfu * 100:8.1f} % / {est.hfu * 100:.1f} %   ({est.tflops_per_gpu:.0f} model TFLOP/s per GPU)",
         f"throughput       {est.tokens_per_s:9.0f} tokens/s",
+        *([f"note: {est.utilisation_note}"] if est.utilisation_note else []),
         "",
         f"breakdown (stage {est.critical_stage}):",
     ]
@@ -87,15 +88,16 @@ def _band(low: float | None, high: float | None, unit: str, digits: int) -> str:
 
 @click.command("plan", epilog=EXAMPLES)
 @plan_options
-@click.option("--tokens", type=float, default=None, help="Training tokens, for days and GPU-hours (e.g. 300e9).")
+@click.option("--tokens", type=TOKENS, default=None, help="Training tokens, for days and GPU-hours (e.g. 300e9).")
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME",
               help="Hardware profile (default: the published profile of the cluster's GPU).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--trace", "trace_path", type=OutputFile("trace"), default=None,
               help="Write a Chrome trace-event JSON of the iteration (Perfetto).")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write the plan's figures (PNG) into this folder: timeline, stage memory, memory vs "
                    "micro-batch, memory by strategy, time breakdown, and predicted vs measured.")
-def plan_command(tokens, profile_path, trace_path, as_json, plots_dir=None, **kwargs):
+@require_fit_option
+def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, plots_dir=None, **kwargs):
     """Predict one training iteration of a plan: time, MFU/HFU, breakdown, memory and training days."""
     from simulator.estimate import simulate_job
     from simulator.hf import collected_notes
@@ -122,10 +124,12 @@ def plan_command(tokens, profile_path, trace_path, as_json, plots_dir=None, **kw
         doc["notes"] = notes
         if plots:
             doc["plots"] = plots
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
     else:
         click.echo(render(job, est, notes))
         if trace_path is not None:
             click.echo(f"\ntrace written to {trace_path}")
         if plots:
             click.echo(f"figures written to {plots_dir}: {', '.join(plots)}")
+    if require_fit_flag:
+        require_fit(job, sim.estimate.memory)

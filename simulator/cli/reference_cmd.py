@@ -9,7 +9,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from simulator.cli.options import job_from_options, plan_options
+from simulator import limits
+from simulator.cli.options import BoundedInt, OutputFile, job_from_options, plan_options
 from simulator.plan import Precision
 
 CPU_CLUSTER = "local-cpu"
@@ -28,12 +29,13 @@ Examples:
 @plan_options
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cpu: gloo, fp32, one process per rank; cuda: NCCL, one GPU per rank.")
-@click.option("--iterations", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--iterations", type=BoundedInt(1, limits.MAX_ITERATIONS), default=3, show_default=True,
               help="Training iterations; the first is a warm-up left out of the layer times.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("reference-run.json"),
+@click.option("--out", type=OutputFile("run record"), default=Path("reference-run.json"),
               show_default=True, help="Where to write the run record (JSON).")
-@click.option("--seed", type=int, default=1234, show_default=True, help="Seed of the weights, data and dropout.")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--seed", type=BoundedInt(0, limits.MAX_SEED), default=1234, show_default=True,
+              help="Seed of the weights, data and dropout.")
+@click.option("--threads", type=click.IntRange(min=1, max=1024), default=1, show_default=True,
               help="Torch threads per rank, set and checked (Megatron runs one; validate against a profile "
                    "measured with as many).")
 def reference(device: str, iterations: int, out: Path, seed: int, threads: int, **options: Any) -> None:

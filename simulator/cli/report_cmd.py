@@ -33,6 +33,7 @@ def report_command(out: Path, as_json: bool, html: bool = False, cache_dir: Path
     which section is being computed."""
     import json
 
+    from simulator._io import make_folder
     from simulator.report import generate
     from simulator.report_cache import ReportCache
 
@@ -41,6 +42,7 @@ def report_command(out: Path, as_json: bool, html: bool = False, cache_dir: Path
             import plotly  # noqa: F401
         except ImportError:
             raise click.UsageError("--html needs plotly: pip install 'megatron-perf-simulator[html]'") from None
+    make_folder(out, "the report")  # before the minutes the report takes, not after
     cache = ReportCache(None if no_cache else (cache_dir if cache_dir is not None else out / ".cache"))
     bar = None
     if sys.stderr.isatty():  # progress for a person watching, never in a stream a program reads
@@ -61,6 +63,6 @@ def report_command(out: Path, as_json: bool, html: bool = False, cache_dir: Path
         if bar is not None:
             bar.close()
     if as_json:
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        click.echo(json.dumps(data, indent=2, sort_keys=True, allow_nan=False))
     else:
         click.echo(f"report written to {out / 'README.md'}" + (f" and {out / 'report.html'}" if html else ""))

@@ -8,6 +8,19 @@ from pathlib import Path
 
 import click
 
+from simulator import limits
+from simulator.cli.options import (
+    GLOBAL_BATCH,
+    GPUS,
+    MICRO_BATCH,
+    PARALLEL_SIZE,
+    SEQ_LENGTH,
+    TOKENS,
+    VIRTUAL_STAGES,
+    BoundedInt,
+    OutputFile,
+    data_parallel_size,
+)
 from simulator.cli.plan_cmd import plan_json
 from simulator.plan import Precision, RecomputeGranularity
 from simulator.units import format_gib
@@ -42,21 +55,42 @@ def _describe(plan) -> str:
             + f"{rec}{sharding[plan.sharding.value]}")
 
 
+def check_pins(req) -> None:
+    """Refuse a pinned dimension that breaks a rule on its own, with the sentence `simulator plan` gives.
+
+    The search only tries values the rules allow, so without this a pin such as --tp 3 against a
+    vocabulary of 51,200 would end in "no plan satisfies the rules" without saying which rule.
+    """
+    from simulator._io import build
+    from simulator.plan import Job, ParallelPlan
+
+    pins = req.pins
+    tp, pp = pins.tensor_parallel_size or 1, pins.pipeline_parallel_size or 1
+    data_parallel_size(req.num_gpus, tp, pp, None)
+    vpp = pins.virtual_pipeline_stages if pins.pipeline_parallel_size is not None else None
+    probe = build(ParallelPlan, {
+        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "virtual_pipeline_stages": vpp or 1,
+        "sequence_parallel": bool(pins.sequence_parallel) and pins.tensor_parallel_size is not None,
+        "global_batch_size": pp, "precision": req.precision,  # pp micro-batches: what interleaving needs
+    }, "pinned plan")
+    build(Job, {"model": req.model, "cluster": req.cluster, "plan": probe}, "pinned plan")
+
+
 @click.command("search", epilog=EXAMPLES)
 @click.option("--model", default="gpt3-175b", show_default=True, metavar="NAME|FILE", help="Model preset or file.")
-@click.option("--seq-length", "seq_length", type=click.IntRange(min=1), default=None,
+@click.option("--seq-length", "seq_length", type=SEQ_LENGTH, default=None,
               help="Override the model's sequence length (tokens).")
 @click.option("--cluster", default="dgx-a100-80gb", show_default=True, metavar="NAME|FILE", help="Cluster preset or file.")
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total GPUs.")
-@click.option("--global-batch-size", "--gbs", "global_batch_size", type=click.IntRange(min=1), required=True,
+@click.option("--gpus", type=GPUS, required=True, help="Total GPUs.")
+@click.option("--global-batch-size", "--gbs", "global_batch_size", type=GLOBAL_BATCH, required=True,
               help="Sequences per iteration.")
-@click.option("--tokens", type=float, default=None, help="Training tokens, for days (e.g. 300e9).")
-@click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to list.")
-@click.option("--tensor-model-parallel-size", "--tp", "tp", type=click.IntRange(min=1), default=None, help="Pin TP.")
-@click.option("--pipeline-model-parallel-size", "--pp", "pp", type=click.IntRange(min=1), default=None, help="Pin PP.")
-@click.option("--virtual-pipeline-model-parallel-size", "--vpp", "vpp", type=click.IntRange(min=1), default=None,
+@click.option("--tokens", type=TOKENS, default=None, help="Training tokens, for days (e.g. 300e9).")
+@click.option("--top", type=BoundedInt(1, limits.MAX_TOP), default=5, show_default=True, help="Plans to list.")
+@click.option("--tensor-model-parallel-size", "--tp", "tp", type=PARALLEL_SIZE, default=None, help="Pin TP.")
+@click.option("--pipeline-model-parallel-size", "--pp", "pp", type=PARALLEL_SIZE, default=None, help="Pin PP.")
+@click.option("--virtual-pipeline-model-parallel-size", "--vpp", "vpp", type=VIRTUAL_STAGES, default=None,
               help="Pin the virtual pipeline stages.")
-@click.option("--micro-batch-size", "--mbs", "mbs", type=click.IntRange(min=1), default=None, help="Pin the micro-batch.")
+@click.option("--micro-batch-size", "--mbs", "mbs", type=MICRO_BATCH, default=None, help="Pin the micro-batch.")
 @click.option("--context-parallel-size", "--cp", "cp", type=click.IntRange(min=1), default=None,
               help="Pin context parallelism (searched for sequences of 4,096 tokens and more by default).")
 @click.option("--fp8-format", "fp8", type=click.Choice(["hybrid", "e4m3"]), default=None,
@@ -77,19 +111,19 @@ def _describe(plan) -> str:
 @click.option("--overlap-grad-reduce", "overlap", is_flag=True, default=False,
               help="Plans overlap the DP gradient reduction with the backward pass.")
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME", help="Hardware profile.")
-@click.option("--pareto", "pareto_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Save the throughput vs peak-memory scatter with its Pareto front (PNG).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--pareto", "pareto_path", type=OutputFile("Pareto figure", (".png", ".svg", ".pdf")), default=None,
+              help="Save the throughput vs peak-memory scatter with its Pareto front (PNG, SVG or PDF by the suffix).")
+@click.option("--trace", "trace_path", type=OutputFile("trace"), default=None,
               help="Write the best plan's iteration as a Chrome trace-event JSON (Perfetto).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print machine-readable JSON.")
 @click.option("--all", "all_plans", is_flag=True, default=False,
               help="Also list every plan that fits with its closed-form time (JSON: screened_plans).")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--csv", "csv_path", type=OutputFile("CSV table", (".csv",)), default=None,
               help="Write every plan that fits, with its screen time, MFU and peak memory, as CSV.")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write the search's figures (PNG) into this folder: Pareto front, top plans' time breakdown, "
                    "TP x PP heat map, MFU and days vs GPUs, and the best plan's figures.")
-@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--html", "html_path", type=OutputFile("HTML page", (".html", ".htm")), default=None,
               help="Write an interactive HTML page (one offline file; needs the 'html' extra, plotly).")
 def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, cp, fp8, sp,
                    recompute, dopt,
@@ -98,6 +132,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     """Search every valid plan (TP, PP, virtual stages, micro-batch, SP, recompute, distributed optimizer)
     for the fastest that fits in GPU memory."""
     from simulator.describe import run_settings, settings_json
+    from simulator._io import build
     from simulator.export import megatron_args, nemo_yaml
     from simulator.hardware import load_cluster
     from simulator.hf import collected_notes
@@ -108,20 +143,22 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
 
     with collected_notes() as notes:
         model_spec = load_model(model, seq_length)
-    req = SearchRequest(
+    req = build(SearchRequest, dict(
         model=model_spec, cluster=load_cluster(cluster), num_gpus=gpus, global_batch_size=global_batch_size,
         pins=SearchPins(tensor_parallel_size=tp, pipeline_parallel_size=pp, virtual_pipeline_stages=vpp,
                         micro_batch_size=mbs, sequence_parallel=sp, recompute_granularity=recompute,
                         use_distributed_optimizer=dopt, context_parallel_size=cp),
-        fp8_format=fp8,
-        precision=precision, use_flash_attention=flash or backend not in ("unfused", "local"),
+        fp8_format=fp8, precision=precision, use_flash_attention=flash or backend not in ("unfused", "local"),
         overlap_grad_reduce=overlap,
-    )
+    ), "search")
+    check_pins(req)
     profile = load_profile(profile_path) if profile_path else None
     bars: dict = {}
+    # a bar only for a person watching a terminal: never in a log, a pipe or the stream a test reads
+    show_progress = not as_json and sys.stderr.isatty()
 
     def progress(phase: str, done: int, total: int) -> None:
-        if as_json or not sys.stderr.isatty():  # a bar only for a person watching, never in a captured stream
+        if not show_progress:
             return
         if phase not in bars:
             from tqdm import tqdm
@@ -181,7 +218,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
                 doc[key] = str(value)
         if plots:
             doc["plots"] = plots
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
         return
     click.echo(f"{req.model.name} on {gpus} x {req.cluster.gpu.name}, global batch {global_batch_size}, "
                f"{run_settings(req.model.seq_length, best.plan)}: "

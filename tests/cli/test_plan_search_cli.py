@@ -40,7 +40,7 @@ def test_plan_text_names_the_breakdown():
     (["plan", "--gpus", "64", "--tp", "8", "--pp", "4", "--dp", "4"], "Invalid parallel dims"),
     (["plan", "--profile", "/nonexistent.json"], "profile"),
     (["search", "--gpus", "8", "--gbs", "8"], "GiB too many"),
-    (["search", "--gpus", "1024", "--gbs", "1536", "--tp", "3"], "no plan"),
+    (["search", "--gpus", "1024", "--gbs", "1536", "--tp", "3"], "gpus(1024) is not divisible by tp(3)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle):
     result = CliRunner().invoke(cli, args)

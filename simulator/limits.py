@@ -1,0 +1,102 @@
+"""The largest sizes the simulator accepts, and why each bound is where it is.
+
+Every size a user controls is bounded: past these, no training run that exists is described, and
+the simulator would take minutes or gigabytes to answer (the network graph holds every GPU of the
+nodes a group spans; the engine plays every micro-batch of every stage). A value past a bound is
+refused with one sentence naming it and the bound, never a hang or a crash.
+"""
+
+from __future__ import annotations
+
+# --- the cluster and the plan --------------------------------------------------------------------
+
+MAX_GPUS = 131_072
+"""GPUs of one job (2**17). The largest training clusters built hold about 100,000 GPUs; the network
+graph costs about 5 KB and 0.15 ms per GPU, so this bound answers in about 20 s and 1 GB."""
+
+MAX_GPUS_PER_NODE = 1_024
+"""GPUs of one NVLink domain (a "node"); NVL72 racks hold 72, announced ones 576."""
+
+MAX_MESH_GPUS_PER_NODE = 16
+"""GPUs of a node without NVSwitch, where every pair has its own link (DGX-1's mesh has 8): the graph
+holds n^2 links per node."""
+
+MAX_PIPELINE_CHUNKS = 262_144
+"""Forward steps of one pipeline per iteration: stages x virtual stages x micro-batches (2**18).
+The engine plays each (forward and backward) at a few microseconds and some hundred bytes; published
+runs play at most tens of thousands (Megatron 1T: 64 stages x 512 micro-batches = 32,768)."""
+
+MAX_MICRO_BATCH_SIZE = 65_536
+"""Sequences per micro-batch (2**16); published runs use 1 to 16."""
+
+MAX_GLOBAL_BATCH_SIZE = 16_777_216
+"""Sequences per iteration (2**24); published runs use at most a few thousand."""
+
+MAX_TOKENS = 1e15
+"""Training tokens (a quadrillion); the largest published runs train on a few tens of trillions."""
+
+# --- the model -----------------------------------------------------------------------------------
+
+MAX_LAYERS = 1_024
+"""Transformer layers; published GPTs have at most about 130 (Megatron 1T: 128, Llama 3 405B: 126).
+The search tries every number of checkpointed layers of a chunk, so it grows with this."""
+
+MAX_HIDDEN_SIZE = 262_144
+"""Hidden size (2**18); Megatron 1T has 25,600."""
+
+MAX_FFN_HIDDEN_SIZE = 1_048_576
+"""MLP inner size (2**20); Llama 3 405B has 53,248."""
+
+MAX_VOCAB_SIZE = 4_194_304
+"""Vocabulary (2**22); tokenizers in use have at most a few hundred thousand entries."""
+
+MAX_SEQ_LENGTH = 16_777_216
+"""Sequence length in tokens (2**24); long-context models reach a few million."""
+
+MAX_LAYERS_PER_LIST = MAX_LAYERS
+"""Entries of a per-stage layer split (one per stage, so at most one per layer)."""
+
+# --- physical ranges of hardware numbers ---------------------------------------------------------
+# Wide enough for a CPU core and for hardware not yet built, narrow enough that no time or byte
+# count the models derive from a spec sheet or a profile overflows or loses meaning.
+
+TFLOPS_RANGE = dict(ge=1e-3, le=1e6)
+"""A peak, TFLOP/s: a GFLOP/s core to a million TFLOP/s."""
+
+GBPS_RANGE = dict(ge=1e-3, le=1e6)
+"""A bandwidth, GB/s: a MB/s to a PB/s."""
+
+FRACTION_RANGE = dict(ge=1e-6, le=1)
+"""A fraction of a peak that hardware achieves: at least a millionth."""
+
+FIXED_SECONDS_RANGE = dict(ge=0, le=1.0)
+"""A fixed cost per kernel or per message, seconds."""
+
+SIZE_RANGE = dict(ge=0, le=1e15)
+"""Where a curve bends, in elements or bytes."""
+
+# --- files ---------------------------------------------------------------------------------------
+
+MAX_INPUT_FILE_BYTES = 16 * 1024 * 1024
+"""A model, cluster, profile, run record or raw-points file (16 MiB): the shipped profiles are about
+20 KB and a measured raw-points file a few hundred KB."""
+
+MAX_FILE_NAME_BYTES = 255
+"""One path component (NAME_MAX of Linux, macOS and Windows file systems)."""
+
+MAX_PATH_BYTES = 4_096
+"""A whole path (PATH_MAX of Linux)."""
+
+# --- CLI-only knobs ------------------------------------------------------------------------------
+
+MAX_TOP = 1_000
+"""Plans `simulator search --top` lists (each is simulated by the engine)."""
+
+MAX_ITERATIONS = 10_000
+"""Iterations of `simulator reference`."""
+
+MAX_BUDGET_S = 7 * 86_400.0
+"""Wall-clock allowance of `simulator calibrate --budget-s` (a week)."""
+
+MAX_SEED = 2**63 - 1
+"""`simulator reference --seed`: torch's generators take a 64-bit seed."""
