@@ -228,14 +228,20 @@ def recomputed_layer(plan: ParallelPlan, position_in_chunk: int) -> RecomputeGra
 
 
 def chunk_layer_ids(job: Job) -> dict[tuple[int, int], list[int]]:
-    """(stage, chunk) -> global layer indices; model chunk c*p + s holds consecutive layers (Megatron)."""
+    """(stage, chunk) -> global layer indices, as Megatron numbers them (``get_transformer_layer_offset``).
+
+    Model chunk c*p + s (chunk c of stage s) holds consecutive layers, so the layers are dealt out in
+    model-chunk order; how many each chunk builds is ``job.chunk_layers[s][c]``: even, or uneven with
+    first/last-stage counts, or one fewer in the chunk that the embedding or the loss counts in.
+    """
     p, v = job.plan.pipeline_parallel_size, job.plan.virtual_pipeline_stages
-    sizes = [job.layers_per_chunk[s] for _ in range(v) for s in range(p)]  # by model chunk c*p + s
     out, start = {}, 0
-    for model_chunk, n in enumerate(sizes):
+    for model_chunk in range(p * v):
         c, s = divmod(model_chunk, p)
+        n = job.chunk_layers[s][c]
         out[(s, c)] = list(range(start, start + n))
         start += n
+    assert start == job.model.num_layers, (start, job.chunk_layers)
     return out
 
 

@@ -203,7 +203,8 @@ def _record(job: Job, groups: ParallelGroups, probe: LayerProbe | None, timers: 
     layers = []
     for entry, _ in gathered:
         for index, measured in entry["layers"].items():
-            stage, chunk = where[index]
+            stage, chunk = entry["stage"], where[index][1]  # the stage of the rank that ran the layer
+            assert where[index][0] == stage, (index, where[index], stage)
             layers.append(LayerRecord(index=index, stage=stage, chunk=chunk,
                                       recompute_granularity=recomputed_layer(job.plan, position[index]), **measured))
     peaks = None

@@ -28,6 +28,8 @@ ITERATIONS = 3
 TINY = dict(num_layers=4, hidden_size=32, num_attention_heads=4, vocab_size=128, seq_length=16)
 NO_DROPOUT = ModelSpec(name="tiny-nodrop", attention_dropout=0.0, hidden_dropout=0.0, **TINY)
 DROPOUT = ModelSpec(name="tiny", **TINY)
+# six layers: PP 2 x VPP 2 with the embedding and the loss each counted as a layer splits 6 + 2 evenly
+SIX_LAYERS = ModelSpec(name="tiny6-nodrop", attention_dropout=0.0, hidden_dropout=0.0, **{**TINY, "num_layers": 6})
 
 
 def _job(model: ModelSpec, granularity: str = "none", method: str = "uniform", recompute_layers: int = 1,
@@ -38,8 +40,9 @@ def _job(model: ModelSpec, granularity: str = "none", method: str = "uniform", r
                plan=ParallelPlan(precision="fp32", recompute=recompute, attention_backend="unfused", **plan))
 
 
-LAYOUTS = {  # name -> (processes, job); "single" is the reference every layout must reproduce
+LAYOUTS = {  # name -> (processes, job); "single" (or "single6") is the reference every layout must reproduce
     "single": (1, _job(NO_DROPOUT)),
+    "single6": (1, _job(SIX_LAYERS)),
     "tp2": (2, _job(NO_DROPOUT, tensor_parallel_size=2)),
     "tp2-sp": (2, _job(NO_DROPOUT, tensor_parallel_size=2, sequence_parallel=True)),
     "pp2": (2, _job(NO_DROPOUT, pipeline_parallel_size=2)),
@@ -49,6 +52,25 @@ LAYOUTS = {  # name -> (processes, job); "single" is the reference every layout 
     "dp2-buckets": (2, _job(NO_DROPOUT, data_parallel_size=2, overlap_grad_reduce=True, ddp_bucket_size=5000)),
     "tp2-pp2": (4, _job(NO_DROPOUT, tensor_parallel_size=2, pipeline_parallel_size=2)),
     "tp2-pp2-sp": (4, _job(NO_DROPOUT, tensor_parallel_size=2, pipeline_parallel_size=2, sequence_parallel=True)),
+    # uneven pipeline stages, as Megatron splits them
+    "pp2-first1-last3": (2, _job(NO_DROPOUT, pipeline_parallel_size=2, decoder_first_pipeline_num_layers=1,
+                                 decoder_last_pipeline_num_layers=3)),
+    "pp2-vpp2-accounted": (2, _job(SIX_LAYERS, pipeline_parallel_size=2, virtual_pipeline_stages=2,
+                                   account_for_embedding_in_pipeline_split=True,
+                                   account_for_loss_in_pipeline_split=True)),
+    "pp2-vpp2-first2-last4": (2, _job(SIX_LAYERS, pipeline_parallel_size=2, virtual_pipeline_stages=2,
+                                      decoder_first_pipeline_num_layers=2, decoder_last_pipeline_num_layers=4)),
+    "pp3-first2": (3, _job(NO_DROPOUT, pipeline_parallel_size=3, decoder_first_pipeline_num_layers=2)),
+}
+SINGLE = ("single", "single6")
+# (stage, chunk) of each layer in Megatron's numbering (get_transformer_layer_offset): model chunk c*p + s
+# holds consecutive layers, the embedding and the loss take a layer's place in the first and last chunk
+STAGE_AND_CHUNK_OF_LAYERS = {
+    "pp2-first1-last3": [(0, 0), (1, 0), (1, 0), (1, 0)],
+    "pp2-vpp2-accounted": [(0, 0), (1, 0), (1, 0), (0, 1), (0, 1), (1, 1)],
+    "pp2-vpp2-first2-last4": [(0, 0), (1, 0), (1, 0), (0, 1), (1, 1), (1, 1)],
+    "pp3-first2": [(0, 0), (0, 0), (1, 0), (2, 0)],
+    "pp2-vpp2": [(0, 0), (1, 0), (0, 1), (1, 1)],
 }
 RECOMPUTE = {  # name -> (processes, job); each group of one layout must give the same losses
     f"{layout}-{g}": (n, _job(DROPOUT, g, **plan))
@@ -92,9 +114,16 @@ def full_gradients(directory: Path) -> dict[str, "torch.Tensor"]:
     return out
 
 
-@pytest.mark.parametrize("layout", [name for name in LAYOUTS if name != "single"])
+def single_process_run(runs, layout: str):
+    """The one-process run of the same model."""
+    model = LAYOUTS[layout][1].model
+    (name,) = [n for n in SINGLE if LAYOUTS[n][1].model == model]
+    return runs[name]
+
+
+@pytest.mark.parametrize("layout", [name for name in LAYOUTS if name not in SINGLE])
 def test_parallel_layouts_reproduce_the_single_process_losses_and_gradients(runs, layout):
-    single, single_dir = runs["single"]
+    single, single_dir = single_process_run(runs, layout)
     record, directory = runs[layout]
     assert len(record.losses) == ITERATIONS
     assert max(abs(a - b) for a, b in zip(record.losses, single.losses)) <= TOLERANCE
@@ -140,6 +169,13 @@ def test_each_layer_saves_exactly_the_modelled_bytes(runs, name):
         g = layer.recompute_granularity
         assert layer.activation_bytes == layer_graph.activation_bytes(g), (name, layer.index, g)
         assert layer.norm_statistics_bytes == norm_statistics_bytes(record, g), (name, layer.index)
+
+
+@pytest.mark.parametrize("layout", sorted(STAGE_AND_CHUNK_OF_LAYERS))
+def test_each_rank_builds_the_layers_megatron_gives_its_chunks(runs, layout):
+    record = runs[layout][0]
+    assert [(layer.stage, layer.chunk) for layer in record.layers] == STAGE_AND_CHUNK_OF_LAYERS[layout]
+    assert [layer.index for layer in record.layers] == list(range(record.model.num_layers))
 
 
 def test_recompute_saves_less_and_block_recompute_mixes(runs):
