@@ -18,7 +18,7 @@ from simulator import children
 from simulator._io import check_output, write_output
 from simulator.errors import ConfigError, RunRecordError
 from simulator.model import Normalization, PositionEmbedding
-from simulator.plan import Job, RecomputeGranularity, RecomputeMethod
+from simulator.plan import CpCommType, Job, RecomputeGranularity, RecomputeMethod
 from simulator.run_record import RunRecord, load_run_record, write_run_record
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,8 @@ def torchrun_command(nproc: int, train_args: list[str], script: Path | None = No
 
 
 def check_supported(job: Job) -> None:
-    """The reference loop implements GPT-style layers only; say so before any process starts."""
+    """The reference loop implements GPT-style layers, and context parallelism as the p2p ring; say so before any
+    process starts."""
     m, p = job.model, job.plan
     unsupported = [
         (m.swiglu, "swiglu", "use a GeLU MLP"),
@@ -42,7 +43,13 @@ def check_supported(job: Job) -> None:
         (m.query_groups != m.num_attention_heads, f"num_query_groups={m.num_query_groups}", "drop grouped-query attention"),
         (m.untie_embeddings_and_output_weights, "untied output weights", "tie them"),
         (not m.add_bias_linear, "linear layers without bias", "keep the biases"),
-        (p.use_flash_attention, f"the {p.attention_backend.value!r} attention backend", "use --attention-backend unfused"),
+        # the fused backends run the loop's flash-style attention, which has no dropout on the probabilities
+        (p.use_flash_attention and m.attention_dropout > 0,
+         f"attention_dropout={m.attention_dropout} with the fused {p.attention_backend.value!r} attention backend",
+         "use a model with attention_dropout 0" + ("" if p.context_parallel_size > 1 else
+                                                    " or --attention-backend unfused")),
+        (p.context_parallel_size > 1 and p.cp_comm_type is not CpCommType.p2p,
+         f"context parallelism with cp_comm_type {p.cp_comm_type.value!r}", "use the p2p ring"),
         (p.use_distributed_optimizer, "the distributed optimizer", "drop --use-distributed-optimizer"),
         (p.recompute.granularity is RecomputeGranularity.full and p.recompute.method is RecomputeMethod.uniform
          and p.recompute.num_layers > 1, f"uniform recompute groups of {p.recompute.num_layers} layers",

@@ -11,6 +11,11 @@ Table 2), which ``tests/calibration/test_reference_loop.py`` checks byte for byt
 - PyTorch's LayerNorm also keeps its per-token fp32 mean and 1/std, which the paper (and the
   simulator) leave out; the meter reports them apart as ``norm_statistics_bytes``.
 
+Attention: ``unfused`` is Megatron's own path (QK^T, softmax, dropout, x V, keeping the s x s
+probabilities); the fused backends (``auto``, ``flash``, ``fused``) run ``attention.RingAttention``,
+flash attention's blockwise algorithm in PyTorch that keeps q, k, v and an fp32 log-sum-exp, and
+under context parallelism passes keys and values around the CP group (ring attention).
+
 Recompute: ``selective`` checkpoints the attention core (QK^T, softmax, dropout, attention over
 values; Korthikanti Section 5) and keeps only q, k, v; ``full`` checkpoints whole layers and
 keeps only their input. Both use ``torch.utils.checkpoint`` (non-reentrant), which restores the
@@ -26,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from calibration.reference.attention import context_parallel_positions, ring_attention
 from calibration.reference.parallel import (
     ColumnParallelLinear,
     ParallelGroups,
@@ -86,7 +92,11 @@ def _layer_norm(hidden: int, name: str, sequence_parallel: bool, dtype, device) 
 
 
 class TransformerLayer(nn.Module):
-    """Pre-norm GPT layer on one TP rank: x + Attn(LN(x)), then x + MLP(LN(x)); ``[s, b, h]`` in and out."""
+    """Pre-norm GPT layer on one TP rank: x + Attn(LN(x)), then x + MLP(LN(x)); ``[s, b, h]`` in and out.
+
+    s is this rank's share of the sequence: s/cp tokens under context parallelism, and s/(cp t) for
+    the norms, dropouts and residual adds under sequence parallelism.
+    """
 
     def __init__(self, *, model: ModelSpec, plan: ParallelPlan, groups: ParallelGroups, index: int, seed: int,
                  dtype: torch.dtype, device) -> None:
@@ -94,11 +104,12 @@ class TransformerLayer(nn.Module):
         h, t, sp = model.hidden_size, groups.tp_size, plan.sequence_parallel
         name = f"layers.{index}"
         common = dict(groups=groups, sequence_parallel=sp, seed=seed, dtype=dtype, device=device, bias=True)
-        self.index = index
+        self.index, self.groups = index, groups
         self.heads = model.num_attention_heads // t  # np: heads on this rank
         self.head_dim = model.head_dim  # hn
         self.attention_dropout, self.hidden_dropout = model.attention_dropout, model.hidden_dropout
         self.selective = plan.recompute.granularity is RecomputeGranularity.selective
+        self.fused_attention = plan.use_flash_attention
         self.input_norm = _layer_norm(h, f"{name}.input_norm", sp, dtype, device)
         # qkv rows are laid out per head as [q_i, k_i, v_i], so a contiguous TP slice is whole heads
         self.qkv = ColumnParallelLinear(h, 3 * h, name=f"{name}.qkv", **common)
@@ -106,11 +117,18 @@ class TransformerLayer(nn.Module):
         self.pre_mlp_norm = _layer_norm(h, f"{name}.pre_mlp_norm", sp, dtype, device)
         self.fc1 = ColumnParallelLinear(h, model.ffn_size, name=f"{name}.fc1", **common)
         self.fc2 = RowParallelLinear(model.ffn_size, h, name=f"{name}.fc2", **common)
-        s = model.seq_length
-        causal = torch.full((s, s), float("-inf"), dtype=dtype, device=device).triu(1)
-        self.register_buffer("causal_bias", causal, persistent=False)
+        if not self.fused_attention:
+            s = model.seq_length
+            causal = torch.full((s, s), float("-inf"), dtype=dtype, device=device).triu(1)
+            self.register_buffer("causal_bias", causal, persistent=False)
 
     def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v (s, b, np, hn) -> context (s, b, np*hn): fused (ring) attention, or Megatron's unfused path."""
+        if self.fused_attention:
+            return ring_attention(q, k, v, self.groups)  # keeps q, k, v, its output and the fp32 LSE
+        return self.unfused_attention(q, k, v)
+
+    def unfused_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """softmax(QK^T / sqrt(hn) + causal) -> dropout -> x V; q, k, v (s, b, np, hn) -> (s, b, np*hn)."""
         s, b, n, d = q.shape
         q = q.reshape(s, b * n, d).transpose(0, 1)  # (b*np, s, hn), still a view of the qkv output
@@ -123,7 +141,7 @@ class TransformerLayer(nn.Module):
         return context.transpose(0, 1).reshape(s, b, n * d)
 
     def forward(self, x: torch.Tensor, recompute_timer: RecomputeTimer = None) -> torch.Tensor:
-        y = self.input_norm(x)  # (s/t or s, b, h)
+        y = self.input_norm(x)  # (s/t or s, b, h); s = s/cp under context parallelism
         qkv = self.qkv(y)  # (s, b, 3 h/t)
         s, b, _ = qkv.shape
         q, k, v = qkv.view(s, b, self.heads, 3 * self.head_dim).split(self.head_dim, dim=-1)  # (s, b, np, hn)
@@ -137,7 +155,11 @@ class TransformerLayer(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Vocabulary-parallel word embedding plus a learned position table, then dropout."""
+    """Vocabulary-parallel word embedding plus a learned position table, then dropout.
+
+    Under context parallelism the tokens are this rank's two chunks of the sequence, and the
+    position table's rows are looked up at their positions.
+    """
 
     def __init__(self, *, model: ModelSpec, plan: ParallelPlan, groups: ParallelGroups, seed: int, dtype, device):
         super().__init__()
@@ -148,17 +170,21 @@ class Embedding(nn.Module):
         init_shard(self.position, "embedding.position", tuple(self.position.shape), None, 0, 1, seed, "normal")
         self.position.sequence_parallel = plan.sequence_parallel
         self.hidden_dropout = model.hidden_dropout
+        cp_positions = None  # this rank's positions in the sequence under context parallelism
+        if groups.cp_size > 1:
+            cp_positions = context_parallel_positions(model.seq_length, groups.cp_size, groups.cp_rank).to(device)
+        self.register_buffer("cp_positions", cp_positions, persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (b, s) -> hidden (s, b, h), or its sequence shard (s/t, b, h) under SP."""
+        """tokens (b, s) -> hidden (s, b, h), or its sequence shard (s/t, b, h) under SP; s = s/cp under CP."""
         words = self.word(tokens.t())
+        positions = self.position if self.cp_positions is None else self.position[self.cp_positions]  # (s, h)
         if self.sequence_parallel:
             words = reduce_scatter_to_sequence_parallel_region(words, self.groups.tp)
             n = words.shape[0]
-            positions = self.position[self.groups.tp_rank * n:(self.groups.tp_rank + 1) * n]
+            positions = positions[self.groups.tp_rank * n:(self.groups.tp_rank + 1) * n]
         else:
             words = reduce_from_tensor_parallel_region(words, self.groups.tp)
-            positions = self.position
         return dropout(words + positions.unsqueeze(1), self.hidden_dropout, self.training)
 
 
@@ -188,7 +214,9 @@ class GPTChunk(nn.Module):
 
     def forward(self, hidden: torch.Tensor | None, tokens: torch.Tensor, targets: torch.Tensor,
                 probe=None) -> torch.Tensor:
-        """Hidden states (s_local, b, h) out, or the mean loss of the micro-batch on the last chunk."""
+        """Hidden states (s_local, b, h) out, or on the last chunk the mean loss over this rank's tokens
+        (under context parallelism the mean over its s/cp; the gradients' mean over DP x CP makes it
+        the micro-batch's mean)."""
         if self.embedding is not None:
             hidden = self.embedding(tokens)
         for position, layer in enumerate(self.layers):
@@ -228,14 +256,20 @@ def recomputed_layer(plan: ParallelPlan, position_in_chunk: int) -> RecomputeGra
 
 
 def chunk_layer_ids(job: Job) -> dict[tuple[int, int], list[int]]:
-    """(stage, chunk) -> global layer indices; model chunk c*p + s holds consecutive layers (Megatron)."""
+    """(stage, chunk) -> global layer indices, as Megatron numbers them (``get_transformer_layer_offset``).
+
+    Model chunk c*p + s (chunk c of stage s) holds consecutive layers, so the layers are dealt out in
+    model-chunk order; how many each chunk builds is ``job.chunk_layers[s][c]``: even, or uneven with
+    first/last-stage counts, or one fewer in the chunk that the embedding or the loss counts in.
+    """
     p, v = job.plan.pipeline_parallel_size, job.plan.virtual_pipeline_stages
-    sizes = [job.layers_per_chunk[s] for _ in range(v) for s in range(p)]  # by model chunk c*p + s
     out, start = {}, 0
-    for model_chunk, n in enumerate(sizes):
+    for model_chunk in range(p * v):
         c, s = divmod(model_chunk, p)
+        n = job.chunk_layers[s][c]
         out[(s, c)] = list(range(start, start + n))
         start += n
+    assert start == job.model.num_layers, (start, job.chunk_layers)
     return out
 
 

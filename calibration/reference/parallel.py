@@ -1,9 +1,9 @@
 """Process groups and Megatron's tensor-parallel building blocks, over explicit groups.
 
-Rank layout (Megatron's default order): tensor-parallel ranks are adjacent, then data-parallel,
-then pipeline stages, so ``rank = tp + TP * (dp + DP * stage)`` and global rank 0 is stage 0,
-TP rank 0, DP rank 0. Every function takes its process group as an argument; nothing lives in
-module globals.
+Rank layout: ``simulator.layout.RankLayout``, Megatron's default order tp-cp-dp-pp, so
+``rank = tp + TP * (cp + CP * (dp + DP * stage))`` and global rank 0 is stage 0 with every other
+coordinate 0; every group here is one the layout names. Every function takes its process group as
+an argument; nothing lives in module globals.
 
 Activations are laid out ``[s, b, h]`` (sequence first) as in Megatron, so a sequence-parallel
 shard is a contiguous slice of the first dimension.
@@ -21,58 +21,58 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from simulator.layout import RankLayout
+
 
 @dataclass(frozen=True)
 class ParallelGroups:
     """This rank's coordinates and the groups it talks over."""
 
+    layout: RankLayout
     rank: int
     tp_rank: int
     tp_size: int
+    cp_rank: int
+    cp_size: int
     dp_rank: int
     dp_size: int
     pp_rank: int
     pp_size: int
     tp: dist.ProcessGroup | None
-    dp: dist.ProcessGroup | None
+    cp: dist.ProcessGroup | None  # the ring that passes keys and values around
+    cp_ranks: tuple[int, ...]  # global ranks of the CP group, in CP order
+    dp_cp: dist.ProcessGroup | None  # DP x CP: every rank with the same parameters (gradients reduce over it)
     embedding: dist.ProcessGroup | None  # first and last stage, for the tied word embedding
 
     def stage_rank(self, stage: int) -> int:
-        """Global rank of ``stage`` with this rank's TP and DP coordinates."""
-        return self.tp_rank + self.tp_size * (self.dp_rank + self.dp_size * stage)
+        """Global rank of ``stage`` with this rank's TP, CP and DP coordinates."""
+        return self.layout.rank(tp=self.tp_rank, cp=self.cp_rank, dp=self.dp_rank, pp=stage)
 
 
-def build_groups(tp_size: int, pp_size: int, dp_size: int) -> ParallelGroups:
+def build_groups(layout: RankLayout) -> ParallelGroups:
     """Create every group on every rank (``new_group`` is collective) and keep this rank's."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    if tp_size * pp_size * dp_size != world:
-        raise ValueError(f"Invalid parallel dims: tp({tp_size}) * pp({pp_size}) * dp({dp_size}) != world_size({world})")
-    tp_rank, dp_rank, pp_rank = rank % tp_size, (rank // tp_size) % dp_size, rank // (tp_size * dp_size)
-
-    def rank_of(t: int, d: int, p: int) -> int:
-        return t + tp_size * (d + dp_size * p)
-
-    mine: dict[str, dist.ProcessGroup | None] = {"tp": None, "dp": None, "embedding": None}
-    for p in range(pp_size):
-        for d in range(dp_size):
-            ranks = [rank_of(t, d, p) for t in range(tp_size)]
-            group = dist.new_group(ranks)
+    if layout.world != world:
+        raise ValueError(f"Invalid parallel dims: tp({layout.tp}) * cp({layout.cp}) * dp({layout.dp}) * "
+                         f"pp({layout.pp}) != world_size({world})")
+    me = layout.coords(rank)
+    # DP x CP: the ranks of one TP rank and stage hold the same parameters (Megatron's data-parallel
+    # group with context parallelism), so their gradients are reduced together
+    dp_cp = [tuple(r for r in range(world) if (layout.coords(r)["tp"], layout.coords(r)["pp"]) == (t, p))
+             for p in range(layout.pp) for t in range(layout.tp)]
+    # the tied word embedding: a first-stage rank and the last-stage rank with its TP, CP and DP coordinates
+    last = (layout.pp - 1) * layout.stride("pp")
+    embedding = [(r, r + last) for r in layout.stage_ranks(0)] if layout.pp > 1 else []
+    mine: dict[str, dist.ProcessGroup | None] = {}
+    for name, groups in (("tp", layout.groups("tp")), ("cp", layout.groups("cp")), ("dp_cp", dp_cp),
+                         ("embedding", embedding)):
+        mine[name] = None
+        for ranks in groups:  # every rank creates every group, in the same order
+            group = dist.new_group(list(ranks))
             if rank in ranks:
-                mine["tp"] = group
-    for p in range(pp_size):
-        for t in range(tp_size):
-            ranks = [rank_of(t, d, p) for d in range(dp_size)]
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                mine["dp"] = group
-    if pp_size > 1:
-        for d in range(dp_size):
-            for t in range(tp_size):
-                ranks = [rank_of(t, d, 0), rank_of(t, d, pp_size - 1)]
-                group = dist.new_group(ranks)
-                if rank in ranks:
-                    mine["embedding"] = group
-    return ParallelGroups(rank, tp_rank, tp_size, dp_rank, dp_size, pp_rank, pp_size, **mine)
+                mine[name] = group
+    return ParallelGroups(layout, rank, me["tp"], layout.tp, me["cp"], layout.cp, me["dp"], layout.dp, me["pp"],
+                          layout.pp, cp_ranks=layout.group("cp", rank), **mine)
 
 
 # ---------------------------------------------------------------- collectives along the first dim

@@ -1,11 +1,12 @@
-"""The reference training loop: ``torchrun --nproc-per-node TPxPPxDP calibration/reference/train.py --job JSON``.
+"""The reference training loop: ``torchrun --nproc-per-node TPxCPxPPxDP calibration/reference/train.py --job JSON``.
 
 ``simulator reference`` starts it for you. Each rank (one torch thread, set and checked)
-builds its model chunks, plays the simulator's pipeline schedule over synthetic tokens,
-accumulates gradients into an fp32 buffer, reduces them as Megatron-Core does (data-parallel
-buckets, sequence-parallel parameters over TP in one call, the tied embedding over the first and
-last stage) and steps Adam, under Megatron's named timers. Rank 0 writes the run record at the
-end, so a run that crashes leaves none.
+builds its model chunks, plays the simulator's pipeline schedule over synthetic tokens (under
+context parallelism its two chunks of every sequence), accumulates gradients into an fp32 buffer,
+reduces them as Megatron-Core does (data-parallel buckets over DP x CP, sequence-parallel
+parameters over TP in one call, the tied embedding over the first and last stage) and steps Adam,
+under Megatron's named timers. Rank 0 writes the run record at the end, so a run that crashes
+leaves none.
 
 fp32 on CPU (gloo); bf16 or fp16 on CUDA (NCCL) with fp32 master weights and Adam state, as
 Megatron keeps them.
@@ -26,6 +27,7 @@ if __package__ in (None, ""):  # run as a script by torchrun: make the checkout 
 import torch
 import torch.distributed as dist
 
+from calibration.reference.attention import context_parallel_positions
 from calibration.reference.grads import GradBuffer, all_reduce_coalesced
 from calibration.reference.launch import check_supported
 from calibration.reference.meter import Clock, LayerProbe
@@ -39,6 +41,7 @@ from calibration.reference.parallel import ParallelGroups, all_reduce, build_gro
 from calibration.reference.pipeline import run_schedule
 from calibration.reference.timers import TIMER_NAMES, Timers
 from simulator.errors import SimulatorError
+from simulator.layout import RankLayout
 from simulator.plan import Job, Precision
 from simulator.run_record import LayerRecord, RunRecord, write_run_record
 from simulator.schedules import build_schedule
@@ -97,8 +100,8 @@ def dump_gradients(chunks: list[GPTChunk], groups: ParallelGroups, directory: Pa
     directory.mkdir(parents=True, exist_ok=True)
     grads = {p.global_name: (p.main_grad.detach().float().cpu().clone(), p.partition_dim)
              for c in chunks for p in c.parameters()}
-    torch.save({"tp_rank": groups.tp_rank, "tp_size": groups.tp_size, "dp_rank": groups.dp_rank, "grads": grads},
-               directory / f"rank{groups.rank}.pt")
+    torch.save({"tp_rank": groups.tp_rank, "tp_size": groups.tp_size, "dp_rank": groups.dp_rank,
+                "cp_rank": groups.cp_rank, "grads": grads}, directory / f"rank{groups.rank}.pt")
 
 
 def describe_device(device: torch.device) -> str:
@@ -120,7 +123,7 @@ def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
     plan, model = job.plan, job.model
     p, v, t = plan.pipeline_parallel_size, plan.virtual_pipeline_stages, plan.tensor_parallel_size
     load = load_average()
-    groups = build_groups(t, p, plan.data_parallel_size)
+    groups = build_groups(RankLayout.of(job))
     dtype = DTYPES[plan.precision]
     # TP ranks share a seed: dropouts on replicated activations must agree across them
     torch.manual_seed(seed + 100 * groups.pp_rank)
@@ -131,17 +134,19 @@ def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
                  seed=seed, dtype=dtype, device=device)
         for c in range(v)
     ]
-    grads = [GradBuffer(list(c.parameters()), dp_group=groups.dp, dp_size=groups.dp_size,
+    # every rank of DP x CP holds the same parameters: Megatron reduces (and averages) gradients over them
+    grads = [GradBuffer(list(c.parameters()), dp_group=groups.dp_cp, dp_size=plan.gradient_group_size,
                         bucket_params=plan.ddp_bucket_size, overlap=plan.overlap_grad_reduce, device=device)
              for c in chunks]
     optimizer = MixedPrecisionAdam([q for c in chunks for q in c.parameters()], lr)
     m = plan.num_micro_batches
     schedule = build_schedule(p, m, v, schedule_kind(plan))
-    s_local = model.seq_length // t if plan.sequence_parallel else model.seq_length
-    activation_shape = (s_local, plan.micro_batch_size, model.hidden_size)
+    s_local = model.seq_length // plan.context_parallel_size  # this rank's two chunks of each sequence
+    cp_positions = context_parallel_positions(model.seq_length, groups.cp_size, groups.cp_rank).to(device)
+    activation_shape = (s_local // t if plan.sequence_parallel else s_local, plan.micro_batch_size, model.hidden_size)
     probe = LayerProbe(Clock(device))
     timers = Timers(device)
-    measures = groups.tp_rank == 0 and groups.dp_rank == 0
+    measures = groups.tp_rank == 0 and groups.cp_rank == 0 and groups.dp_rank == 0
     warmup = 1 if iterations > 1 else 0
     times, losses = [], []
     per_replica = plan.global_batch_size // plan.data_parallel_size
@@ -151,8 +156,9 @@ def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
         b = plan.micro_batch_size
 
         def micro_batch(i: int, batch=batch) -> tuple[torch.Tensor, torch.Tensor]:
+            """This rank's tokens and targets of micro-batch i, (b, s/cp) each."""
             rows = batch[i * b:(i + 1) * b]
-            return rows[:, :-1], rows[:, 1:]
+            return rows[:, :-1][:, cp_positions], rows[:, 1:][:, cp_positions]
 
         probe.timing = measures and it >= warmup
         if device.type == "cuda":
@@ -176,11 +182,12 @@ def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
         timers.end_iteration()
         slowest = torch.tensor([elapsed], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        # each DP x CP rank of the last stage has the mean over as many tokens: their mean is the batch's
         is_loss_rank = groups.pp_rank == p - 1 and groups.tp_rank == 0
         total = (loss.double() if is_loss_rank else torch.zeros((), dtype=torch.float64, device=device)).reshape(1)
         dist.all_reduce(total)
         times.append(slowest.item())
-        losses.append(total.item() / plan.data_parallel_size)
+        losses.append(total.item() / plan.gradient_group_size)
         timers.iterations[-1]["iteration"] = elapsed
         if measures:
             probe.resolve()
@@ -203,14 +210,15 @@ def _record(job: Job, groups: ParallelGroups, probe: LayerProbe | None, timers: 
     layers = []
     for entry, _ in gathered:
         for index, measured in entry["layers"].items():
-            stage, chunk = where[index]
+            stage, chunk = entry["stage"], where[index][1]  # the stage of the rank that ran the layer
+            assert where[index][0] == stage, (index, where[index], stage)
             layers.append(LayerRecord(index=index, stage=stage, chunk=chunk,
                                       recompute_granularity=recomputed_layer(job.plan, position[index]), **measured))
     peaks = None
     if device.type == "cuda":
         p = job.plan.pipeline_parallel_size
         per_rank = [peak for _, peak in gathered]
-        stage_of = [r // (job.plan.tensor_parallel_size * job.plan.data_parallel_size) for r in range(len(per_rank))]
+        stage_of = [groups.layout.coords(r)["pp"] for r in range(len(per_rank))]
         peaks = [max(x for x, s in zip(per_rank, stage_of) if s == stage) for stage in range(p)]
     names = [*TIMER_NAMES, "iteration"]
     per_timer = {name: [[entry["timers"][i][name] for entry, _ in gathered] for i in range(len(times))]
@@ -267,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
             job = entry["job"]
             if job.num_gpus != world:
                 raise SimulatorError(
-                    f"Invalid parallel dims: tp({job.plan.tensor_parallel_size}) * pp({job.plan.pipeline_parallel_size})"
-                    f" * dp({job.plan.data_parallel_size}) != world_size({world}); start {job.num_gpus} processes")
+                    f"Invalid parallel dims: tp({job.plan.tensor_parallel_size}) * cp({job.plan.context_parallel_size})"
+                    f" * pp({job.plan.pipeline_parallel_size}) * dp({job.plan.data_parallel_size}) != "
+                    f"world_size({world}); start {job.num_gpus} processes")
     except (SimulatorError, ValueError, OSError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

@@ -39,7 +39,7 @@ Examples:
               help="Torch threads per rank, set and checked (Megatron runs one; validate against a profile "
                    "measured with as many).")
 def reference(device: str, iterations: int, out: Path, seed: int, threads: int, **options: Any) -> None:
-    """Train the model with the plan for a few iterations under torchrun (TP x PP x DP processes)."""
+    """Train the model with the plan for a few iterations under torchrun (TP x CP x PP x DP processes)."""
     from calibration.reference.launch import check_supported, run_reference
 
     ctx = click.get_current_context()
@@ -50,8 +50,11 @@ def reference(device: str, iterations: int, out: Path, seed: int, threads: int, 
             options["allow_tp_across_nodes"] = True  # local-cpu: every rank is a node of its own
         if ctx.get_parameter_source("precision") is ParameterSource.DEFAULT:
             options["precision"] = Precision.fp32.value
-    if not options.get("attention_backend") and not options.get("use_flash_attention"):
-        options["attention_backend"] = "unfused"  # what the loop implements: Megatron's own attention
+    if not options.get("attention_backend") and not options.get("use_flash_attention") \
+            and (options.get("context_parallel_size") or 1) == 1:
+        # Megatron's own attention, the path the CPU profiles measure; context parallelism needs the
+        # fused backend (the loop's flash-style ring attention), so it keeps Megatron's default
+        options["attention_backend"] = "unfused"
     job = job_from_options(**options)
     check_supported(job)
     record = run_reference(job, device=device, iterations=iterations, out=out, seed=seed, threads=threads)

@@ -80,3 +80,12 @@ def test_a_run_past_its_time_is_stopped_with_its_ranks(tmp_path):
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in pids):
         time.sleep(0.2)
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def test_fused_attention_with_attention_dropout_exits_2_before_starting_processes(tmp_path, tiny):
+    """The loop's flash-style attention has no dropout on the probabilities; the tiny model has 0.1."""
+    result = CliRunner().invoke(cli, ["reference", "--model", tiny, *ARGS, "--attention-backend", "flash",
+                                      "--out", str(tmp_path / "r.json")])
+    assert result.exit_code == 2
+    assert "does not implement attention_dropout=0.1 with the fused 'flash' attention backend" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "r.json").exists()

@@ -1,7 +1,8 @@
 """The reference loop on CPU: parallelism and recompute do not change the math, and every layer
-saves exactly the bytes the simulator's memory model says (Korthikanti Table 2).
+saves exactly the bytes the simulator's memory model says (Korthikanti Table 2; flash attention's
+q, k, v and fp32 log-sum-exp under the fused backends and context parallelism).
 
-Starting processes is the slow part, so the jobs run in three launches (1, 2 and 4 processes)
+Starting processes is the slow part, so the jobs run in four launches (1, 2, 3 and 4 processes)
 shared by every test here.
 """
 
@@ -28,18 +29,24 @@ ITERATIONS = 3
 TINY = dict(num_layers=4, hidden_size=32, num_attention_heads=4, vocab_size=128, seq_length=16)
 NO_DROPOUT = ModelSpec(name="tiny-nodrop", attention_dropout=0.0, hidden_dropout=0.0, **TINY)
 DROPOUT = ModelSpec(name="tiny", **TINY)
+# six layers: PP 2 x VPP 2 with the embedding and the loss each counted as a layer splits 6 + 2 evenly
+SIX_LAYERS = ModelSpec(name="tiny6-nodrop", attention_dropout=0.0, hidden_dropout=0.0, **{**TINY, "num_layers": 6})
+# the loop's fused (flash-style) attention has no attention dropout; hidden dropout stays on where recompute is compared
+HIDDEN_DROPOUT = ModelSpec(name="tiny-hidden-dropout", attention_dropout=0.0, **TINY)
 
 
 def _job(model: ModelSpec, granularity: str = "none", method: str = "uniform", recompute_layers: int = 1,
          **plan) -> Job:
     plan.setdefault("global_batch_size", 4)
+    plan.setdefault("attention_backend", "unfused")
     recompute = {"granularity": granularity, "method": method, "num_layers": recompute_layers}
     return Job(model=model, cluster=load_cluster("dgx-a100-80gb"),
-               plan=ParallelPlan(precision="fp32", recompute=recompute, attention_backend="unfused", **plan))
+               plan=ParallelPlan(precision="fp32", recompute=recompute, **plan))
 
 
-LAYOUTS = {  # name -> (processes, job); "single" is the reference every layout must reproduce
+LAYOUTS = {  # name -> (processes, job); "single" (or "single6") is the reference every layout must reproduce
     "single": (1, _job(NO_DROPOUT)),
+    "single6": (1, _job(SIX_LAYERS)),
     "tp2": (2, _job(NO_DROPOUT, tensor_parallel_size=2)),
     "tp2-sp": (2, _job(NO_DROPOUT, tensor_parallel_size=2, sequence_parallel=True)),
     "pp2": (2, _job(NO_DROPOUT, pipeline_parallel_size=2)),
@@ -49,6 +56,33 @@ LAYOUTS = {  # name -> (processes, job); "single" is the reference every layout 
     "dp2-buckets": (2, _job(NO_DROPOUT, data_parallel_size=2, overlap_grad_reduce=True, ddp_bucket_size=5000)),
     "tp2-pp2": (4, _job(NO_DROPOUT, tensor_parallel_size=2, pipeline_parallel_size=2)),
     "tp2-pp2-sp": (4, _job(NO_DROPOUT, tensor_parallel_size=2, pipeline_parallel_size=2, sequence_parallel=True)),
+    # uneven pipeline stages, as Megatron splits them
+    "pp2-first1-last3": (2, _job(NO_DROPOUT, pipeline_parallel_size=2, decoder_first_pipeline_num_layers=1,
+                                 decoder_last_pipeline_num_layers=3)),
+    "pp2-vpp2-accounted": (2, _job(SIX_LAYERS, pipeline_parallel_size=2, virtual_pipeline_stages=2,
+                                   account_for_embedding_in_pipeline_split=True,
+                                   account_for_loss_in_pipeline_split=True)),
+    "pp2-vpp2-first2-last4": (2, _job(SIX_LAYERS, pipeline_parallel_size=2, virtual_pipeline_stages=2,
+                                      decoder_first_pipeline_num_layers=2, decoder_last_pipeline_num_layers=4)),
+    "pp3-first2": (3, _job(NO_DROPOUT, pipeline_parallel_size=3, decoder_first_pipeline_num_layers=2)),
+    # fused (flash-style) attention, and context parallelism's ring attention over it
+    "fused": (1, _job(NO_DROPOUT, attention_backend="flash")),
+    "cp2": (2, _job(NO_DROPOUT, context_parallel_size=2, attention_backend="auto")),
+    "cp2-tp2-sp": (4, _job(NO_DROPOUT, context_parallel_size=2, tensor_parallel_size=2, sequence_parallel=True,
+                           micro_batch_size=2, attention_backend="auto")),
+    "cp4": (4, _job(NO_DROPOUT, context_parallel_size=4, attention_backend="auto")),  # a ring of more than 2
+    "cp2-pp2": (4, _job(NO_DROPOUT, context_parallel_size=2, pipeline_parallel_size=2, attention_backend="auto")),
+    "cp2-dp2": (4, _job(NO_DROPOUT, context_parallel_size=2, data_parallel_size=2, attention_backend="auto")),
+}
+SINGLE = ("single", "single6")
+# (stage, chunk) of each layer in Megatron's numbering (get_transformer_layer_offset): model chunk c*p + s
+# holds consecutive layers, the embedding and the loss take a layer's place in the first and last chunk
+STAGE_AND_CHUNK_OF_LAYERS = {
+    "pp2-first1-last3": [(0, 0), (1, 0), (1, 0), (1, 0)],
+    "pp2-vpp2-accounted": [(0, 0), (1, 0), (1, 0), (0, 1), (0, 1), (1, 1)],
+    "pp2-vpp2-first2-last4": [(0, 0), (1, 0), (1, 0), (0, 1), (1, 1), (1, 1)],
+    "pp3-first2": [(0, 0), (0, 0), (1, 0), (2, 0)],
+    "pp2-vpp2": [(0, 0), (1, 0), (0, 1), (1, 1)],
 }
 RECOMPUTE = {  # name -> (processes, job); each group of one layout must give the same losses
     f"{layout}-{g}": (n, _job(DROPOUT, g, **plan))
@@ -56,6 +90,8 @@ RECOMPUTE = {  # name -> (processes, job); each group of one layout must give th
                             ("tp2-sp", 2, {"tensor_parallel_size": 2, "sequence_parallel": True}))
     for g in ("none", "selective", "full")
 }
+RECOMPUTE.update({f"cp2-{g}": (2, _job(HIDDEN_DROPOUT, g, context_parallel_size=2, attention_backend="auto"))
+                  for g in ("none", "selective", "full")})
 RECOMPUTE["tp1-block"] = (1, _job(DROPOUT, "full", method="block", recompute_layers=2))
 RECOMPUTE["tp2-sp-block"] = (2, _job(DROPOUT, "full", method="block", recompute_layers=1,
                                      tensor_parallel_size=2, sequence_parallel=True))
@@ -76,11 +112,12 @@ def runs(tmp_path_factory) -> dict[str, tuple[RunRecord, Path]]:
 
 
 def full_gradients(directory: Path) -> dict[str, "torch.Tensor"]:
-    """Reassemble each parameter's gradient from the TP shards of DP replica 0."""
+    """Reassemble each parameter's gradient from the TP shards of DP replica 0, CP rank 0 (every DP x CP
+    rank holds the same reduced gradients)."""
     shards: dict[str, dict[int, tuple]] = {}
     for path in sorted(directory.glob("rank*.pt")):
         dump = torch.load(path)
-        if dump["dp_rank"] != 0:
+        if dump["dp_rank"] != 0 or dump["cp_rank"] != 0:
             continue
         for name, (grad, dim) in dump["grads"].items():
             shards.setdefault(name, {})[dump["tp_rank"]] = (grad, dim)
@@ -92,9 +129,16 @@ def full_gradients(directory: Path) -> dict[str, "torch.Tensor"]:
     return out
 
 
-@pytest.mark.parametrize("layout", [name for name in LAYOUTS if name != "single"])
+def single_process_run(runs, layout: str):
+    """The one-process run of the same model."""
+    model = LAYOUTS[layout][1].model
+    (name,) = [n for n in SINGLE if LAYOUTS[n][1].model == model]
+    return runs[name]
+
+
+@pytest.mark.parametrize("layout", [name for name in LAYOUTS if name not in SINGLE])
 def test_parallel_layouts_reproduce_the_single_process_losses_and_gradients(runs, layout):
-    single, single_dir = runs["single"]
+    single, single_dir = single_process_run(runs, layout)
     record, directory = runs[layout]
     assert len(record.losses) == ITERATIONS
     assert max(abs(a - b) for a, b in zip(record.losses, single.losses)) <= TOLERANCE
@@ -106,7 +150,7 @@ def test_parallel_layouts_reproduce_the_single_process_losses_and_gradients(runs
         assert (got[name] - grad).abs().max().item() <= TOLERANCE, name
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2", "tp2-sp"])
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "tp2-sp", "cp2"])
 def test_recompute_does_not_change_the_math(runs, layout):
     none = runs[f"{layout}-none"][0].losses
     for granularity in ("selective", "full"):
@@ -125,7 +169,7 @@ def norm_statistics_bytes(record: RunRecord, granularity: RecomputeGranularity) 
     if granularity is RecomputeGranularity.full:
         return 0
     plan = record.plan
-    tokens = record.model.seq_length * plan.micro_batch_size
+    tokens = record.model.seq_length * plan.micro_batch_size // plan.context_parallel_size
     if plan.sequence_parallel:
         tokens //= plan.tensor_parallel_size
     return 2 * 2 * tokens * 4
@@ -142,12 +186,32 @@ def test_each_layer_saves_exactly_the_modelled_bytes(runs, name):
         assert layer.norm_statistics_bytes == norm_statistics_bytes(record, g), (name, layer.index)
 
 
+@pytest.mark.parametrize("layout", sorted(STAGE_AND_CHUNK_OF_LAYERS))
+def test_each_rank_builds_the_layers_megatron_gives_its_chunks(runs, layout):
+    record = runs[layout][0]
+    assert [(layer.stage, layer.chunk) for layer in record.layers] == STAGE_AND_CHUNK_OF_LAYERS[layout]
+    assert [layer.index for layer in record.layers] == list(range(record.model.num_layers))
+
+
 def test_recompute_saves_less_and_block_recompute_mixes(runs):
-    for layout in ("tp1", "tp2", "tp2-sp"):
+    for layout in ("tp1", "tp2", "tp2-sp", "cp2"):
         saved = [runs[f"{layout}-{g}"][0].layers[0].activation_bytes for g in ("none", "selective", "full")]
         assert saved[0] > saved[1] > saved[2] > 0
     block = [layer.recompute_granularity.value for layer in runs["tp1-block"][0].layers]
     assert block == ["full", "full", "none", "none"]
+
+
+def test_fused_attention_keeps_q_k_v_and_the_fp32_log_sum_exp_instead_of_the_probabilities(runs):
+    """Against the unfused path the fused one drops the s x s softmax output (b a s^2 fp32 here) and keeps
+    one fp32 log-sum-exp per row; under CP each rank keeps its s/cp rows, and selective recompute drops
+    exactly the log-sum-exp (q, k, v are the checkpoint's inputs, the output the projection's)."""
+    m, b = NO_DROPOUT, 1
+    lse = b * m.num_attention_heads * m.seq_length * 4
+    probabilities = b * m.num_attention_heads * m.seq_length ** 2 * 4
+    unfused, fused = (runs[name][0].layers[0].activation_bytes for name in ("single", "fused"))
+    assert unfused - fused == probabilities - lse
+    none, selective = (runs[f"cp2-{g}"][0].layers[0].activation_bytes for g in ("none", "selective"))
+    assert none - selective == lse // 2
 
 
 def test_records_carry_times_for_every_layer(runs):
@@ -214,3 +278,44 @@ def test_this_torch_reduce_scatters_and_all_gathers_on_gloo_in_one_call():
     from calibration.reference import parallel
 
     assert parallel._REDUCE_SCATTER is not None and parallel._ALL_GATHER is not None
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4])
+def test_each_rank_holds_two_load_balanced_chunks_and_the_ring_computes_exactly_the_visible_blocks(cp):
+    """Rank r holds chunks r and 2cp-1-r; at each ring step the block it computes (rows x columns, causal or
+    not) is exactly where the causal mask over the global positions lets a query see a key, and every rank
+    sees as many (query, key) pairs."""
+    from calibration.reference.attention import _visible, context_parallel_positions
+
+    s = 8 * cp
+    positions = [context_parallel_positions(s, cp, r) for r in range(cp)]
+    assert sorted(torch.cat(positions).tolist()) == list(range(s))
+    pairs = []
+    for r in range(cp):
+        n = s // (2 * cp)
+        assert positions[r].tolist() == [*range(r * n, (r + 1) * n), *range((2 * cp - 1 - r) * n, (2 * cp - r) * n)]
+        seen = 0
+        for src in range(cp):
+            visible = positions[src].unsqueeze(0) <= positions[r].unsqueeze(1)  # (queries, keys)
+            rows, cols, causal = _visible(r, src, s // cp // 2)
+            computed = torch.zeros_like(visible)
+            block = torch.ones_like(computed[rows, cols])
+            computed[rows, cols] = block.tril() if causal else block
+            assert torch.equal(computed, visible), (cp, r, src)
+            seen += int(visible.sum())
+        pairs.append(seen)
+    assert len(set(pairs)) == 1
+
+
+def test_the_loop_refuses_attention_dropout_with_fused_attention_and_cp_other_than_the_ring():
+    from calibration.reference.launch import check_supported
+    from simulator.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"attention_dropout=0.1 with the fused 'auto' attention backend; "
+                                          r"use a model with attention_dropout 0$"):
+        check_supported(_job(DROPOUT, context_parallel_size=2, attention_backend="auto"))
+    with pytest.raises(ConfigError, match="or --attention-backend unfused$"):
+        check_supported(_job(DROPOUT, attention_backend="flash"))
+    with pytest.raises(ConfigError, match="cp_comm_type 'a2a'; use the p2p ring"):
+        check_supported(_job(NO_DROPOUT, context_parallel_size=2, attention_backend="auto", cp_comm_type="a2a"))
+    check_supported(_job(HIDDEN_DROPOUT, context_parallel_size=2, attention_backend="auto"))
