@@ -115,6 +115,7 @@ class Launch:
     flag_of: dict[str, str] = field(default_factory=dict)
     gpus: int | None = None
     notes: list[str] = field(default_factory=list)
+    launcher_variables: list[str] = field(default_factory=list)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.values.get(key, default)
@@ -184,6 +185,7 @@ def parse_launch(text: str, gpus_per_node: int | None = None) -> Launch:
     launch = Launch()
     if script is not None:
         launch.gpus = _launcher_gpus(words[:script], gpus_per_node)
+        launch.launcher_variables = [w for w in words[:script] if "$" in w]
         words = words[script + 1:]
     elif words and not words[0].startswith("-"):
         if words[0] not in _LAUNCHERS:
@@ -264,6 +266,9 @@ def resolve(launch: Launch, base: Any, gpus: int | None) -> tuple[dict[str, Any]
     if launch.gpus is not None and gpus is not None and launch.gpus != gpus:
         raise ConfigError(f"--gpus {gpus} conflicts with the launcher's {launch.gpus} GPUs; give one of them")
     n_gpus = gpus if gpus is not None else launch.gpus
+    if n_gpus is None and launch.launcher_variables:
+        raise ConfigError(f"the launcher's GPU count may be in the shell variable {launch.launcher_variables[0]}; "
+                          "expand it first (bash -x prints the expanded command) or give --gpus")
     if n_gpus is not None:
         options["gpus"] = n_gpus
     elif "data_parallel_size" not in options:
