@@ -143,12 +143,14 @@ def _data_parallel_size(gpus: int | None, tp: int, pp: int, dp: int | None, cp: 
     return dp
 
 
-def job_from_options(model_overrides: dict[str, Any] | None = None, **kwargs: Any) -> Job:
+def job_from_options(model_overrides: dict[str, Any] | None = None, plan_overrides: dict[str, Any] | None = None,
+                     **kwargs: Any) -> Job:
     """Load the model and cluster and build the validated ``Job`` from ``plan_options``' kwargs.
 
     Keys that are not plan options (a command's own flags) are ignored, so a command can pass
     all of its kwargs. ``model_overrides`` replaces fields of the loaded model (Megatron's
-    architecture flags). Every failure is a ``ConfigError`` naming the value and the fix.
+    architecture flags) and ``plan_overrides`` sets plan fields no flag has (an explicit per-stage
+    split). Every failure is a ``ConfigError`` naming the value and the fix.
     """
     o = {k: v for k, v in kwargs.items() if k in PLAN_OPTION_NAMES}
     tp, pp = o.get("tensor_parallel_size", 1), o.get("pipeline_parallel_size", 1)
@@ -196,5 +198,6 @@ def job_from_options(model_overrides: dict[str, Any] | None = None, **kwargs: An
         # Megatron overlaps pipeline sends by default in the interleaved schedule, and only there
         "overlap_p2p_comm": overlap_p2p if overlap_p2p is not None else vpp > 1,
         "allow_tp_across_nodes": o.get("allow_tp_across_nodes", False),
+        **(plan_overrides or {}),
     }, "plan")
     return build(Job, {"model": model, "cluster": cluster, "plan": plan}, "job")
