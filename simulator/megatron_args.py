@@ -298,8 +298,9 @@ def resolve(launch: Launch, base: Any, gpus: int | None) -> tuple[dict[str, Any]
     elif "x.vocab_multiple" in v and base.vocab_size % multiple:
         model["vocab_size"] = _padded_vocab(base.vocab_size, multiple)
     else:
-        notes.append(f"the flags do not give the vocabulary ({'tokenizer ' + tokenizer if tokenizer else 'no tokenizer'}"
-                     f"); using {base.vocab_size:,} from --model {base.name}, or give --vocab-size")
+        which = f"tokenizer {tokenizer}" if tokenizer else "no tokenizer"
+        notes.append(f"the flags do not give the vocabulary ({which}); using {base.vocab_size:,} from --model "
+                     f"{base.name}, or give --vocab-size")
     max_pos = v.get("x.max_position_embeddings")
     seq = model.get("seq_length", base.seq_length)
     if max_pos is not None and max_pos != seq and model.get("position_embedding_type", "") != "rope":
@@ -332,7 +333,8 @@ def resolve(launch: Launch, base: Any, gpus: int | None) -> tuple[dict[str, Any]
         options["sequence_parallel"] = False
         notes.append("--sequence-parallel is dropped at TP 1 (as Megatron does)")
     if options.get("recompute_granularity") == "full":
-        for flag, key in (("--recompute-method", "recompute_method"), ("--recompute-num-layers", "recompute_num_layers")):
+        for flag, key in (("--recompute-method", "recompute_method"),
+                          ("--recompute-num-layers", "recompute_num_layers")):
             if key not in options:
                 raise ConfigError(f"--recompute-granularity full needs {flag} (Megatron's rule)")
     if "global_batch_size" not in options:
@@ -395,6 +397,7 @@ def read_text(source: str, stdin: Callable[[], str]) -> str:
         with open(source, encoding="utf-8") as f:
             return f.read()
     except OSError as exc:
-        raise ConfigError(f"cannot read the Megatron command line {source!r}: {exc.strerror}; check the path") from None
+        raise ConfigError(f"cannot read the Megatron command line {source!r}: {exc.strerror}; "
+                          "check the path") from None
     except UnicodeDecodeError:
         raise ConfigError(f"the Megatron command line {source!r} is not UTF-8 text; give a shell script") from None

@@ -152,7 +152,8 @@ def test_default_attention_is_megatrons_default():
 def test_every_feature_has_its_flag(jobs):
     uneven = jobs["llama3.1-405b uneven"]
     assert {"--decoder-first-pipeline-num-layers 7", "--decoder-last-pipeline-num-layers 7",
-            "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"} <= set(megatron_args(uneven))
+            "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"} <= set(
+        megatron_args(uneven))
     cp = megatron_args(jobs["llama3.1-405b cp16"])
     assert "--context-parallel-size 16" in cp and "--cp-comm-type p2p" in cp and "--seq-length 131072" in cp
     fp8 = megatron_args(jobs["llama3-8b fp8 on H100"])

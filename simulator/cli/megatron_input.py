@@ -18,9 +18,9 @@ from simulator.cli.options import PLAN_OPTION_NAMES, job_from_options
 from simulator.errors import ConfigError
 from simulator.megatron_args import FLAGS, parse_launch, read_text, resolve
 
-INLINE = "megatron_inline"
+INLINE = "megatron_inline"  # the hidden option that carries Megatron flags typed on the plan command line
 # Plan options that are the simulator's own, not part of a launch: allowed beside --megatron-args.
-_OWN = frozenset({"model", "cluster", "gpus", "as_json", "allow_tp_across_nodes"})  # the hidden option that carries Megatron flags typed on the plan command line
+_OWN = frozenset({"model", "cluster", "gpus", "as_json", "allow_tp_across_nodes"})
 
 
 def _option_arity(command: click.Command) -> dict[str, bool]:

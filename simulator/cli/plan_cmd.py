@@ -73,7 +73,9 @@ def render(job, est, notes: list[str] = ()) -> str:
         f"{job.model.name} on {job.num_gpus} x {job.cluster.gpu.name} ({job.cluster.name}, {job.num_nodes} nodes)",
         run_settings(job.model.seq_length, plan),
         *(f"note: {n}" for n in notes),
-        f"plan: TP {plan.tensor_parallel_size}, PP {plan.pipeline_parallel_size}"
+        f"plan: TP {plan.tensor_parallel_size}, "
+        + (f"CP {plan.context_parallel_size}, " if plan.context_parallel_size > 1 else "")
+        + f"PP {plan.pipeline_parallel_size}"
         + (f" (x{plan.virtual_pipeline_stages} interleaved)" if plan.interleaved else "")
         + f", DP {plan.data_parallel_size}, SP {'on' if plan.sequence_parallel else 'off'}, recompute {rec}, "
         f"micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size} "
