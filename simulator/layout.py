@@ -1,9 +1,13 @@
 """``RankLayout``: which global ranks share each process group, as Megatron's rank generator orders them.
 
 Megatron numbers ranks tensor-parallel first, then context-parallel, then data-parallel, then
-pipeline (``--rank-order tp-cp-ep-dp-pp``; expert parallelism subdivides the data-parallel
-ranks of the expert layers): global rank = tp + t (cp + c (dp + d pp)). Ranks fill nodes in
-order, so the fastest-varying groups (TP, then CP) stay inside a node as long as they fit.
+pipeline (``--rank-order tp-cp-ep-dp-pp``): global rank = tp + t (cp + c (dp + d pp)). Ranks fill
+nodes in order, so the fastest-varying groups (TP, then CP) stay inside a node as long as they fit.
+
+The expert layers of a mixture-of-experts model decompose the same ranks of a stage again, as
+Megatron's expert rank generator does: expert tensor parallel first, then expert parallel, then
+expert data parallel (etp x ep x edp = tp x cp x dp), then pipeline. Those dimensions are
+``etp``, ``ep`` and ``edp``; ``pp`` is shared.
 
 The time model asks a layout for the shape of a group (its size and the stride between members,
 which the network routes), the memory model which ranks a tensor is sharded over, and the
@@ -16,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 ORDER = ("tp", "cp", "dp", "pp")
+EXPERT_ORDER = ("etp", "ep", "edp", "pp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,26 +38,39 @@ class RankLayout:
     dp: int
     pp: int
     gpus_per_node: int
+    ep: int = 1
+    etp: int | None = None  # None: the expert layers keep the dense layers' TP, as Megatron defaults it
 
     def __post_init__(self) -> None:
-        assert min(self.tp, self.cp, self.dp, self.pp, self.gpus_per_node) >= 1, self
+        assert min(self.tp, self.cp, self.dp, self.pp, self.gpus_per_node, self.ep, self.size("etp")) >= 1, self
+        assert (self.tp * self.cp * self.dp) % (self.size("etp") * self.ep) == 0, self
 
     @staticmethod
     def of(job) -> "RankLayout":
         plan = job.plan
         return RankLayout(plan.tensor_parallel_size, getattr(plan, "context_parallel_size", 1),
-                          plan.data_parallel_size, plan.pipeline_parallel_size, job.cluster.gpus_per_node)
+                          plan.data_parallel_size, plan.pipeline_parallel_size, job.cluster.gpus_per_node,
+                          getattr(plan, "expert_model_parallel_size", 1), getattr(plan, "expert_tensor_parallel_size",
+                                                                                  None))
 
     @property
     def world(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
 
     def size(self, dim: str) -> int:
+        if dim == "etp":
+            return self.tp if self.etp is None else self.etp
+        if dim == "edp":
+            return self.tp * self.cp * self.dp // (self.size("etp") * self.ep)
         return getattr(self, dim)
+
+    @staticmethod
+    def _order(dim: str) -> tuple[str, ...]:
+        return EXPERT_ORDER if dim in ("etp", "ep", "edp") else ORDER
 
     def stride(self, dim: str) -> int:
         stride = 1
-        for d in ORDER:
+        for d in self._order(dim):
             if d == dim:
                 return stride
             stride *= self.size(d)
@@ -61,18 +79,20 @@ class RankLayout:
     def shape(self, dim: str) -> GroupShape:
         return GroupShape(self.size(dim), self.stride(dim))
 
-    def coords(self, rank: int) -> dict[str, int]:
+    def coords(self, rank: int, expert: bool = False) -> dict[str, int]:
+        """``rank``'s place along each dimension (``expert``: along etp, ep, edp and pp)."""
         out = {}
-        for d in ORDER:
+        for d in EXPERT_ORDER if expert else ORDER:
             rank, out[d] = divmod(rank, self.size(d))
         return out
 
     def rank(self, **coords: int) -> int:
-        return sum(coords.get(d, 0) * self.stride(d) for d in ORDER)
+        order = EXPERT_ORDER if set(coords) & {"etp", "ep", "edp"} else ORDER
+        return sum(coords.get(d, 0) * self.stride(d) for d in order)
 
     def group(self, dim: str, rank: int) -> tuple[int, ...]:
         """The members of ``rank``'s group along ``dim``, in order."""
-        base = rank - self.coords(rank)[dim] * self.stride(dim)
+        base = rank - self.coords(rank, dim in ("etp", "ep", "edp"))[dim] * self.stride(dim)
         return tuple(base + i * self.stride(dim) for i in range(self.size(dim)))
 
     def groups(self, dim: str) -> list[tuple[int, ...]]:

@@ -227,6 +227,7 @@ def _variants(template: ParallelPlan, pins: SearchPins, t: int, cp: int, p: int,
                 yield template.model_copy(update=dict(
                     tensor_parallel_size=t, context_parallel_size=cp, pipeline_parallel_size=p, data_parallel_size=d,
                     virtual_pipeline_stages=v, sequence_parallel=sp, micro_batch_size=mbs, recompute=rec,
+                    overlap_p2p_comm=v > 1,  # Megatron's default: interleaved schedules overlap their sends
                     use_distributed_optimizer=sharding is not DataParallelSharding.no_shard,
                     data_parallel_sharding_strategy=(sharding if sharding in (DataParallelSharding.optim_grads,
                                                                               DataParallelSharding.optim_grads_params)

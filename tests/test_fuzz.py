@@ -392,14 +392,28 @@ def job_flags(plan: dict) -> list[str]:
              "--recompute-granularity", r.get("granularity", "none"), "--precision", plan["precision"]]
     if r.get("granularity") == "full":
         flags += ["--recompute-method", r.get("method", "uniform"), "--recompute-num-layers", r.get("num_layers", 1)]
-    if plan.get("fp8_format"):
-        flags += ["--fp8-format", plan["fp8_format"]]
+    for flag, key in (("--fp8-format", "fp8_format"), ("--cp", "context_parallel_size"),
+                      ("--cp-comm-type", "cp_comm_type"), ("--attention-backend", "attention_backend"),
+                      ("--data-parallel-sharding-strategy", "data_parallel_sharding_strategy"),
+                      ("--decoder-first-pipeline-num-layers", "decoder_first_pipeline_num_layers"),
+                      ("--decoder-last-pipeline-num-layers", "decoder_last_pipeline_num_layers"),
+                      ("--ddp-bucket-size", "ddp_bucket_size")):
+        if plan.get(key) is not None:
+            flags += [flag, plan[key]]
     flags += [flag for flag, key in (("--sp", "sequence_parallel"),
                                      ("--use-distributed-optimizer", "use_distributed_optimizer"),
-                                     ("--use-flash-attn", "use_flash_attention"),
                                      ("--overlap-grad-reduce", "overlap_grad_reduce"),
-                                     ("--overlap-p2p-communication", "overlap_p2p_comm"),
+                                     ("--overlap-param-gather", "overlap_param_gather"),
+                                     ("--tp-comm-overlap", "tp_comm_overlap"),
+                                     ("--account-for-embedding-in-pipeline-split",
+                                      "account_for_embedding_in_pipeline_split"),
+                                     ("--account-for-loss-in-pipeline-split", "account_for_loss_in_pipeline_split"),
                                      ("--allow-tp-across-nodes", "allow_tp_across_nodes")) if plan.get(key)]
+    if plan.get("attention_backend") is None and "use_flash_attention" in plan:  # the older flag's field alone
+        flags += ["--attention-backend", "auto" if plan["use_flash_attention"] is True else "unfused"
+                  if plan["use_flash_attention"] is False else plan["use_flash_attention"]]
+    if "overlap_p2p_comm" in plan:
+        flags.append("--overlap-p2p-communication" if plan["overlap_p2p_comm"] else "--no-overlap-p2p-communication")
     return [str(f) for f in flags]
 
 

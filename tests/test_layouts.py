@@ -77,6 +77,22 @@ def test_cp_ranks_sit_next_to_tp_ranks_in_the_rank_order():
     assert layout.group("dp", 0) == (0, 8) and layout.group("pp", 0) == (0, 16)
 
 
+@pytest.mark.parametrize("tp,cp,dp,pp,ep,etp", [(2, 1, 4, 2, 2, None), (2, 1, 4, 1, 4, 1), (1, 2, 4, 2, 8, 1),
+                                                (4, 2, 2, 1, 2, 2), (8, 1, 1, 1, 1, None)])
+def test_expert_groups_partition_each_stage_as_megatrons_expert_rank_generator(tp, cp, dp, pp, ep, etp):
+    layout = RankLayout(tp, cp, dp, pp, 8, ep=ep, etp=etp)
+    assert layout.size("etp") * layout.size("ep") * layout.size("edp") == tp * cp * dp
+    for dim in ("etp", "ep", "edp"):
+        groups = layout.groups(dim)
+        assert sorted(r for g in groups for r in g) == list(range(layout.world))  # every rank once
+        for g in groups:  # inside one pipeline stage, in rank order
+            assert len({layout.coords(r)["pp"] for r in g}) == 1 and list(g) == sorted(g)
+    # expert-TP fastest, then EP: with etp = tp an EP group is the ranks of one TP position across DP
+    if etp is None and cp == 1:
+        assert layout.group("ep", 0) == tuple(i * tp for i in range(ep))
+        assert layout.group("etp", 0) == layout.group("tp", 0)
+
+
 def test_sharding_levels_shard_what_they_say():
     job = lambda level: Job(model=PRESETS["gpt3-13b"], cluster=load_cluster("dgx-a100-80gb"),
                             plan=ParallelPlan(data_parallel_size=8, global_batch_size=8, use_distributed_optimizer=True,

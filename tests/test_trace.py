@@ -21,7 +21,7 @@ from simulator.units import GIB
 # TP + SP, interleaved pipeline, DP, Megatron's blocking sends: every kind of slice at once.
 INTERLEAVED = dict(model="gpt3-1.3b", gpus=16, tensor_parallel_size=2, pipeline_parallel_size=4,
                    virtual_pipeline_stages=2, sequence_parallel=True, recompute_granularity="selective",
-                   global_batch_size=16)
+                   global_batch_size=16, overlap_p2p_comm=False)
 
 
 def _trace(tmp_path, **options):

@@ -13,9 +13,11 @@ from simulator import limits
 from simulator._io import build, check_output, short_repr
 from simulator.errors import ConfigError, PlanDoesNotFit
 from simulator.hardware import load_cluster
-from simulator.model import load_model
+from simulator.model import ModelSpec, load_model
 from simulator.plan import (
     AttentionBackend,
+    CpCommType,
+    DataParallelSharding,
     Fp8Format,
     Job,
     ParallelPlan,
@@ -123,15 +125,29 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
                           help="Cluster preset (dgx-a100-80gb, dgx-h100, ...; see `simulator clusters`) "
                                "or a YAML file.")),
     (("--gpus",), dict(type=GPUS, default=None,
-                       help="Total GPUs; must equal TP x PP x DP. Default: TP x PP x DP.")),
+                       help="Total GPUs; must equal TP x CP x PP x DP. Default: TP x CP x PP x DP.")),
     (("--tensor-model-parallel-size", "--tp", "tensor_parallel_size"),
      dict(type=PARALLEL_SIZE, default=1, show_default=True, help="Tensor-parallel size.")),
     (("--pipeline-model-parallel-size", "--pp", "pipeline_parallel_size"),
      dict(type=PARALLEL_SIZE, default=1, show_default=True, help="Pipeline stages.")),
     (("--data-parallel-size", "--dp", "data_parallel_size"),
-     dict(type=PARALLEL_SIZE, default=None, help="Data-parallel size. Default: --gpus / (TP x PP), or 1.")),
+     dict(type=PARALLEL_SIZE, default=None, help="Data-parallel size. Default: --gpus / (TP x CP x PP), or 1.")),
+    (("--context-parallel-size", "--cp", "context_parallel_size"),
+     dict(type=PARALLEL_SIZE, default=1, show_default=True,
+          help="Context-parallel size: each sequence split over CP ranks (ring attention by default).")),
+    (("--cp-comm-type", "cp_comm_type"),
+     dict(type=click.Choice([c.value for c in CpCommType]), default="p2p", show_default=True,
+          help="How CP exchanges keys and values: p2p ring, a2a (all-to-all to heads) or allgather.")),
     (("--virtual-pipeline-model-parallel-size", "--vpp", "virtual_pipeline_stages"),
      dict(type=VIRTUAL_STAGES, default=1, show_default=True, help="Model chunks per stage (interleaved 1F1B).")),
+    (("--decoder-first-pipeline-num-layers", "decoder_first_pipeline_num_layers"),
+     dict(type=LAYERS, default=None, help="Transformer layers of the first pipeline stage (uneven split).")),
+    (("--decoder-last-pipeline-num-layers", "decoder_last_pipeline_num_layers"),
+     dict(type=LAYERS, default=None, help="Transformer layers of the last pipeline stage (uneven split).")),
+    (("--account-for-embedding-in-pipeline-split", "account_for_embedding_in_pipeline_split"),
+     dict(is_flag=True, default=False, help="Count the input embedding as a layer of the first stage.")),
+    (("--account-for-loss-in-pipeline-split", "account_for_loss_in_pipeline_split"),
+     dict(is_flag=True, default=False, help="Count the output layer and loss as a layer of the last stage.")),
     (("--sequence-parallel/--no-sequence-parallel", "--sp/--no-sp", "sequence_parallel"),
      dict(default=False, show_default=True, help="Split norms and dropouts along the sequence (needs TP > 1).")),
     (("--micro-batch-size", "--mbs", "micro_batch_size"),
@@ -149,6 +165,10 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
      dict(type=LAYERS, default=None, help="full only: layers per group (uniform) or per chunk (block); default 1.")),
     (("--use-distributed-optimizer", "use_distributed_optimizer"),
      dict(is_flag=True, default=False, help="Shard fp32 master weights and Adam state over DP.")),
+    (("--data-parallel-sharding-strategy", "data_parallel_sharding_strategy"),
+     dict(type=click.Choice([d.value for d in DataParallelSharding]), default=None,
+          help="What DP shards: no_shard, optim (the distributed optimizer), optim_grads, or optim_grads_params "
+               "(FSDP, ZeRO-3). Default: optim with --use-distributed-optimizer, else no_shard.")),
     (("--precision",), dict(type=click.Choice([p.value for p in Precision]), default="bf16", show_default=True,
                             help="bf16/fp16 mixed precision with fp32 master weights, or fp32.")),
     (("--fp8-format", "fp8_format"),
@@ -163,11 +183,23 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
      dict(is_flag=True, default=None, help="Older Megatron's flag: a fused kernel (the default already).")),
     (("--overlap-grad-reduce", "overlap_grad_reduce"),
      dict(is_flag=True, default=False, help="Overlap the DP gradient reduction with the backward pass.")),
+    (("--overlap-param-gather", "overlap_param_gather"),
+     dict(is_flag=True, default=False, help="Distributed optimizer: all-gather updated parameters during the next "
+                                            "forward (needs --use-distributed-optimizer and --overlap-grad-reduce).")),
+    (("--ddp-bucket-size", "ddp_bucket_size"),
+     dict(type=BoundedInt(1, 2**40), default=None, help="Parameters per gradient bucket. Default: max(40M, 1M x DP).")),
+    (("--tp-comm-overlap", "tp_comm_overlap"),
+     dict(is_flag=True, default=False, help="Pipeline SP's all-gathers and reduce-scatters with their GEMMs "
+                                            "(Transformer Engine userbuffers; needs --sequence-parallel).")),
+    (("--accumulate-allreduce-grads-in-fp32", "accumulate_allreduce_grads_in_fp32"),
+     dict(is_flag=True, default=None, help="Accumulate and reduce gradients in fp32 (forced under bf16; "
+                                           "fp16 default: 2-byte gradients).")),
     (("--allow-tp-across-nodes", "allow_tp_across_nodes"),
      dict(is_flag=True, default=False, help="Accept tensor parallelism wider than a node (slow: TP over the network).")),
-    (("--overlap-p2p-communication", "overlap_p2p_comm"),
-     dict(is_flag=True, default=False,
-          help="Pipeline sends run beside compute (default: Megatron's blocking send/receive exchange).")),
+    (("--overlap-p2p-communication/--no-overlap-p2p-communication", "overlap_p2p_comm"),
+     dict(default=None,
+          help="Pipeline sends run beside compute. Default as Megatron: on in the interleaved schedule, off "
+               "(its blocking send/receive exchange) otherwise.")),
     (("--json", "as_json"), dict(is_flag=True, default=False, help="Print machine-readable JSON to stdout.")),
 )
 
@@ -181,60 +213,82 @@ def plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def data_parallel_size(gpus: int | None, tp: int, pp: int, dp: int | None) -> int:
-    """DP from --gpus, --tp, --pp and --dp (either may derive the other); inconsistent sizes are a ConfigError."""
+def data_parallel_size(gpus: int | None, tp: int, pp: int, dp: int | None, cp: int = 1) -> int:
+    """DP from --gpus, --tp, --cp, --pp and --dp (either may derive the other); inconsistent sizes are a ConfigError."""
     if gpus is None:
         return dp or 1
+    dims = f"tp({tp}) * cp({cp}) * pp({pp})" if cp > 1 else f"tp({tp}) * pp({pp})"
     if dp is None:
-        if gpus % (tp * pp):
+        if gpus % (tp * cp * pp):
             raise ConfigError(
-                f"Invalid parallel dims: gpus({gpus}) is not divisible by tp({tp}) * pp({pp}) = {tp * pp}; "
-                "change --gpus, --tp or --pp"
+                f"Invalid parallel dims: gpus({gpus}) is not divisible by {dims} = {tp * cp * pp}; "
+                f"change --gpus, --tp{', --cp' if cp > 1 else ''} or --pp"
             )
-        return gpus // (tp * pp)
-    if tp * pp * dp != gpus:
+        return gpus // (tp * cp * pp)
+    if tp * cp * pp * dp != gpus:
         raise ConfigError(
-            f"Invalid parallel dims: tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != gpus({gpus}); "
+            f"Invalid parallel dims: {dims} * dp({dp}) = {tp * cp * pp * dp} != gpus({gpus}); "
             "make the product equal --gpus or drop --dp to derive it"
         )
     return dp
 
 
-def job_from_options(**kwargs: Any) -> Job:
+def job_from_options(model_overrides: dict[str, Any] | None = None, plan_overrides: dict[str, Any] | None = None,
+                     **kwargs: Any) -> Job:
     """Load the model and cluster and build the validated ``Job`` from ``plan_options``' kwargs.
 
     Keys that are not plan options (a command's own flags) are ignored, so a command can pass
-    all of its kwargs. Every failure is a ``ConfigError`` naming the value and the fix.
+    all of its kwargs. ``model_overrides`` replaces fields of the loaded model (Megatron's
+    architecture flags) and ``plan_overrides`` sets plan fields no flag has (an explicit per-stage
+    split). Every failure is a ``ConfigError`` naming the value and the fix.
     """
     o = {k: v for k, v in kwargs.items() if k in PLAN_OPTION_NAMES}
     tp, pp = o.get("tensor_parallel_size", 1), o.get("pipeline_parallel_size", 1)
-    dp = data_parallel_size(o.get("gpus"), tp, pp, o.get("data_parallel_size"))
+    cp = o.get("context_parallel_size") or 1
+    dp = data_parallel_size(o.get("gpus"), tp, pp, o.get("data_parallel_size"), cp)
     mbs = o.get("micro_batch_size", 1)
     gbs = o.get("global_batch_size") or mbs * dp * pp
+    vpp = o.get("virtual_pipeline_stages", 1)
     model = load_model(o.get("model", "gpt3-175b"), o.get("seq_length"))
+    if model_overrides:
+        model = build(ModelSpec, {**model.model_dump(), **model_overrides}, f"model {model.name!r}")
     cluster = load_cluster(o.get("cluster", "dgx-a100-80gb"))
     recompute = {
         "granularity": o.get("recompute_granularity", "none"),
         "method": o.get("recompute_method", "uniform"),
         "num_layers": o.get("recompute_num_layers") or 1,
     }
+    overlap_p2p = o.get("overlap_p2p_comm")
     plan = build(ParallelPlan, {
         "tensor_parallel_size": tp,
+        "context_parallel_size": cp,
+        "cp_comm_type": o.get("cp_comm_type") or "p2p",
         "pipeline_parallel_size": pp,
         "data_parallel_size": dp,
-        "virtual_pipeline_stages": o.get("virtual_pipeline_stages", 1),
+        "virtual_pipeline_stages": vpp,
+        "decoder_first_pipeline_num_layers": o.get("decoder_first_pipeline_num_layers"),
+        "decoder_last_pipeline_num_layers": o.get("decoder_last_pipeline_num_layers"),
+        "account_for_embedding_in_pipeline_split": o.get("account_for_embedding_in_pipeline_split", False),
+        "account_for_loss_in_pipeline_split": o.get("account_for_loss_in_pipeline_split", False),
         "sequence_parallel": o.get("sequence_parallel", False),
+        "tp_comm_overlap": o.get("tp_comm_overlap", False),
         "micro_batch_size": mbs,
         "global_batch_size": gbs,
         "recompute": recompute,
         "use_distributed_optimizer": o.get("use_distributed_optimizer", False),
+        "data_parallel_sharding_strategy": o.get("data_parallel_sharding_strategy"),
         "precision": o.get("precision", "bf16"),
+        "accumulate_allreduce_grads_in_fp32": o.get("accumulate_allreduce_grads_in_fp32"),
         "fp8_format": o.get("fp8_format"),
         **({"attention_backend": o["attention_backend"]} if o.get("attention_backend") else {}),
         **({"use_flash_attention": True} if o.get("use_flash_attention") else {}),
         "overlap_grad_reduce": o.get("overlap_grad_reduce", False),
-        "overlap_p2p_comm": o.get("overlap_p2p_comm", False),
+        "overlap_param_gather": o.get("overlap_param_gather", False),
+        "ddp_bucket_size": o.get("ddp_bucket_size"),
+        # Megatron overlaps pipeline sends by default in the interleaved schedule, and only there
+        "overlap_p2p_comm": overlap_p2p if overlap_p2p is not None else vpp > 1,
         "allow_tp_across_nodes": o.get("allow_tp_across_nodes", False),
+        **(plan_overrides or {}),
     }, "plan")
     return build(Job, {"model": model, "cluster": cluster, "plan": plan}, "job")
 

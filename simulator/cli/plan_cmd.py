@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from simulator.cli.megatron_input import MegatronAwareCommand, job_from_megatron, megatron_options
 from simulator.cli.options import TOKENS, OutputFile, job_from_options, plan_options, require_fit, require_fit_option
 from simulator.units import format_gib
 
@@ -18,6 +19,10 @@ Examples:
   simulator plan --model megatron-22b --tp 8 --gbs 4 --mbs 4 --json
   simulator plan ... --trace iteration.json     # open in https://ui.perfetto.dev
   simulator plan ... --plots figures/            # timeline, stage memory, memory vs micro-batch, ...
+  simulator plan ... --launch                     # the Megatron-LM launch and NeMo fragment that run it
+  simulator plan --cluster dgx-h100 --megatron-args run.sh          # predict an existing launch
+  simulator plan --gpus 64 --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 \\
+      --tensor-model-parallel-size 8 --bf16          # Megatron's flags work here too
 """
 
 
@@ -33,6 +38,31 @@ def plan_json(job, est) -> dict:
     return doc
 
 
+def launch_json(job) -> dict:
+    """The keys that say how to run the job: Megatron flags, environment and notes, the NeMo fragment and
+    megatron-core's TransformerConfig / DistributedDataParallelConfig / GPTModel arguments."""
+    from simulator.export import (
+        ddp_config,
+        gpt_model_args,
+        megatron_args,
+        megatron_env,
+        megatron_notes,
+        nemo_yaml,
+        transformer_config,
+    )
+
+    return {"megatron_args": megatron_args(job), "megatron_env": megatron_env(job),
+            "megatron_notes": megatron_notes(job), "nemo_yaml": nemo_yaml(job),
+            "transformer_config": transformer_config(job), "ddp_config": ddp_config(job),
+            "gpt_model": gpt_model_args(job)}
+
+
+def render_launch_text(job) -> str:
+    from simulator.export import nemo_yaml, render_launch
+
+    return "\nMegatron-LM launch:\n" + render_launch(job) + "\n\nNeMo config fragment:\n" + nemo_yaml(job)
+
+
 def render(job, est, notes: list[str] = ()) -> str:
     from simulator.describe import run_settings
 
@@ -43,7 +73,9 @@ def render(job, est, notes: list[str] = ()) -> str:
         f"{job.model.name} on {job.num_gpus} x {job.cluster.gpu.name} ({job.cluster.name}, {job.num_nodes} nodes)",
         run_settings(job.model.seq_length, plan),
         *(f"note: {n}" for n in notes),
-        f"plan: TP {plan.tensor_parallel_size}, PP {plan.pipeline_parallel_size}"
+        f"plan: TP {plan.tensor_parallel_size}, "
+        + (f"CP {plan.context_parallel_size}, " if plan.context_parallel_size > 1 else "")
+        + f"PP {plan.pipeline_parallel_size}"
         + (f" (x{plan.virtual_pipeline_stages} interleaved)" if plan.interleaved else "")
         + f", DP {plan.data_parallel_size}, SP {'on' if plan.sequence_parallel else 'off'}, recompute {rec}, "
         f"micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size} "
@@ -86,8 +118,11 @@ def _band(low: float | None, high: float | None, unit: str, digits: int) -> str:
     return "" if low is None or high is None else f"   (band {low:.{digits}f} .. {high:.{digits}f} {unit})"
 
 
-@click.command("plan", epilog=EXAMPLES)
+@click.command("plan", epilog=EXAMPLES, cls=MegatronAwareCommand)
 @plan_options
+@megatron_options
+@click.option("--launch", "show_launch", is_flag=True, default=False,
+              help="Also print the Megatron-LM launch (environment, torchrun and flags) and the NeMo fragment.")
 @click.option("--tokens", type=TOKENS, default=None, help="Training tokens, for days and GPU-hours (e.g. 300e9).")
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME",
               help="Hardware profile (default: the published profile of the cluster's GPU).")
@@ -97,14 +132,21 @@ def _band(low: float | None, high: float | None, unit: str, digits: int) -> str:
               help="Write the plan's figures (PNG) into this folder: timeline, stage memory, memory vs "
                    "micro-batch, memory by strategy, time breakdown, and predicted vs measured.")
 @require_fit_option
-def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, plots_dir=None, **kwargs):
+def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, plots_dir=None, show_launch=False,
+                 **kwargs):
     """Predict one training iteration of a plan: time, MFU/HFU, breakdown, memory and training days."""
     from simulator.estimate import simulate_job
     from simulator.hf import collected_notes
     from simulator.profile import load_profile
 
+    launch_notes: list[str] = []
     with collected_notes() as notes:
-        job = job_from_options(**kwargs)
+        from_megatron = job_from_megatron(click.get_current_context(), kwargs)
+        if from_megatron is not None:
+            job, launch_notes = from_megatron
+        else:
+            job = job_from_options(**kwargs)
+    notes = launch_notes + notes
     profile = load_profile(profile_path) if profile_path else None
     from simulator.band import with_band
 
@@ -122,11 +164,14 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
     if as_json:
         doc = plan_json(job, est)
         doc["notes"] = notes
+        doc.update(launch_json(job))
         if plots:
             doc["plots"] = plots
         click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
     else:
         click.echo(render(job, est, notes))
+        if show_launch:
+            click.echo(render_launch_text(job))
         if trace_path is not None:
             click.echo(f"\ntrace written to {trace_path}")
         if plots:

@@ -21,7 +21,7 @@ from simulator.cli.options import (
     OutputFile,
     data_parallel_size,
 )
-from simulator.cli.plan_cmd import plan_json
+from simulator.cli.plan_cmd import launch_json, plan_json, render_launch_text
 from simulator.plan import Precision, RecomputeGranularity
 from simulator.units import format_gib
 
@@ -133,7 +133,6 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     for the fastest that fits in GPU memory."""
     from simulator.describe import run_settings, settings_json
     from simulator._io import build
-    from simulator.export import megatron_args, nemo_yaml
     from simulator.hardware import load_cluster
     from simulator.hf import collected_notes
     from simulator.model import load_model
@@ -207,7 +206,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
                       for r in result.plans],
             "enumerated": result.enumerated, "pruned_memory": result.pruned_memory,
             "screened": len(result.screened), "simulated": result.simulated, "elapsed_s": result.elapsed_s,
-            "megatron_args": megatron_args(job), "nemo_yaml": nemo_yaml(job),
+            **launch_json(job),
             "model": req.model.name, "cluster": req.cluster.name, "num_gpus": gpus,
             "global_batch_size": global_batch_size, **settings_json(req.model, best.plan), "notes": notes,
         }
@@ -245,8 +244,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     outside = [r for r in result.plans if r.estimate.outside_validated_range]
     if outside:
         click.echo(f"! {outside[0].estimate.validation_note}")
-    click.echo("\nMegatron-LM flags for the best plan:\n  " + " \\\n  ".join(megatron_args(job)))
-    click.echo("\nNeMo config fragment:\n" + nemo_yaml(job))
+    click.echo(render_launch_text(job).replace("Megatron-LM launch:", "Megatron-LM launch for the best plan:"))
     if all_plans:
         click.echo(f"\nEvery plan that fits ({len(rows)}), by closed-form screen time:")
         click.echo(f"{'#':>5}  {'plan':44s} {'screen (s)':>10} {'MFU':>6} {'peak GiB':>9}")
