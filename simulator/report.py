@@ -280,9 +280,10 @@ def _figure8() -> tuple[list[str], dict]:
     piped = [r.residual_per_step_s for r in res if r.pipeline_steps > 2]
     lines += ["", f"With the paper's layer the errors fall to {_pct(min(r.with_published_layer / r.published - 1 for r in res))}"
               f"..{_pct(max(r.with_published_layer / r.published - 1 for r in res))}; the pipelined runs keep "
-              f"{min(piped) * 1e3:.1f}-{max(piped) * 1e3:.1f} ms per pipeline step that the model does not have "
-              "(candidates: host time around each step's blocking exchange, or transfers slower than one NIC's "
-              "large-message rate; neither has a measurement here).", ""]
+              f"{min(piped) * 1e3:.1f}-{max(piped) * 1e3:.1f} ms per pipeline step that the model does not have, "
+              "beyond the host time it already charges around each step's exchange (the profile's `host` block); "
+              "a candidate is transfers slower than one NIC's large-message rate, which no measurement here "
+              "pins.", ""]
     data["pipeline_residual_per_step_s"] = {r.label: r.residual_per_step_s for r in res if r.pipeline_steps > 2}
     return lines, data
 
