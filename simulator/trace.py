@@ -85,10 +85,11 @@ class _StepParts:
         self._cache: dict[tuple[int, int, Phase], list[_Part]] = {}
 
     def first_layer(self, stage: int, chunk: int) -> int:
-        job, p = self.job, self.job.plan.pipeline_parallel_size
-        if job.plan.virtual_pipeline_stages == 1:
-            return sum(job.layers_per_stage[:stage])
-        return (chunk * p + stage) * job.layers_per_chunk[stage]
+        """The global index of the chunk's first layer: model chunks in order, chunk-major (Megatron's
+        ``get_transformer_layer_offset``), so uneven chunks shift every later one."""
+        split = self.job.chunk_layers
+        return sum(split[s][c] for c in range(chunk) for s in range(len(split))) + sum(
+            split[s][chunk] for s in range(stage))
 
     def __call__(self, stage: int, chunk: int, phase: Phase) -> list[_Part]:
         key = (stage, chunk, phase)
@@ -99,7 +100,7 @@ class _StepParts:
     def _build(self, stage: int, chunk: int, phase: Phase) -> list[_Part]:
         job, lt, ext = self.job, self.sim.layer, self.sim.extras
         p, v = job.plan.pipeline_parallel_size, job.plan.virtual_pipeline_stages
-        n, first = job.layers_per_chunk[stage], self.first_layer(stage, chunk)
+        n, first = job.chunk_layers[stage][chunk], self.first_layer(stage, chunk)
         embedding, output = stage == 0 and chunk == 0, stage == p - 1 and chunk == v - 1
         if phase is Phase.forward:
             parts = [_Part("embedding", ext.embedding_forward, self.emb[0])] if embedding else []
@@ -223,7 +224,7 @@ def trace_events(sim: Simulation, job: Job, detail: Iterable[int] = (0,)) -> lis
     # one activation (or its gradient) per TP rank between stages (Megatron sends a 1/t slice; see estimate)
     p2p_bytes = model.seq_length * plan.micro_batch_size * model.hidden_size * ab // t
     grad_kind = CollectiveKind.reduce_scatter if plan.use_distributed_optimizer else CollectiveKind.all_reduce
-    saved = [chunk_activations(job, n)[0] for n in job.layers_per_chunk]
+    saved = [[chunk_activations(job, n)[0] for n in chunks] for chunks in job.chunk_layers]
     emb_saved = embedding_extras(model, plan).activation_bytes()
     out_saved = output_extras(model, plan).activation_bytes()
 
@@ -261,7 +262,7 @@ def trace_events(sim: Simulation, job: Job, detail: Iterable[int] = (0,)) -> lis
                         {"parameters": params, "bytes": shard * OPTIMIZER_BYTES_PER_PARAM})
                 continue
             step = iv.step
-            chunk_bytes = saved[stage] + (emb_saved if (stage, step.chunk) == (0, 0) else 0) \
+            chunk_bytes = saved[stage][step.chunk] + (emb_saved if (stage, step.chunk) == (0, 0) else 0) \
                 + (out_saved if (stage, step.chunk) == (p - 1, v - 1) else 0)
             step_parts = parts(stage, step.chunk, step.phase)
             labels = [x.label for x in step_parts if isinstance(x.label, int)]

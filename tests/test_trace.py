@@ -24,8 +24,8 @@ INTERLEAVED = dict(model="gpt3-1.3b", gpus=16, tensor_parallel_size=2, pipeline_
                    global_batch_size=16, overlap_p2p_comm=False)
 
 
-def _trace(tmp_path, **options):
-    job = job_from_options(**options)
+def _trace(tmp_path, model_overrides=None, **options):
+    job = job_from_options(model_overrides, **options)
     sim = simulate_job(job, record=True)
     path = tmp_path / "trace.json"
     write_trace(sim, job, path)
@@ -212,3 +212,25 @@ def test_the_crossing_check_sees_a_crossing():
                            {"ph": "X", "pid": 0, "tid": 0, "ts": "2.000", "dur": "2.000"},
                            {"ph": "X", "pid": 0, "tid": 0, "ts": "1.500", "dur": "0.500"}]}
     assert len(crossings(doc)) == 1
+
+
+@pytest.mark.parametrize("split", [dict(account_for_embedding_in_pipeline_split=True,
+                                        account_for_loss_in_pipeline_split=True),
+                                   dict(decoder_first_pipeline_num_layers=4, decoder_last_pipeline_num_layers=2)])
+def test_every_layer_is_in_exactly_one_step_of_uneven_interleaved_stages(tmp_path, split):
+    # 22 layers on 4 stages x 2 chunks: chunks of unequal size, so a chunk's first layer is the sum of the
+    # chunks before it in model order, not its position times one chunk size
+    job, _, doc = _trace(tmp_path, {"num_layers": 22}, model="gpt3-1.3b", gpus=4, pipeline_parallel_size=4,
+                         virtual_pipeline_stages=2, global_batch_size=8, **split)
+    assert len(set(map(sum, job.chunk_layers))) > 1  # the split really is uneven
+    spans = {}
+    for e in _slices(doc):
+        args = e.get("args", {})
+        if args.get("phase") == "forward" and args.get("micro_batch") == 0 and args.get("layers"):
+            first, last = map(int, args["layers"].split("-"))
+            spans[(e["pid"], args["chunk"])] = (first, last)
+    assert len(spans) == 8
+    layers = sorted(i for first, last in spans.values() for i in range(first, last + 1))
+    assert layers == list(range(22))
+    for (stage, chunk), (first, last) in spans.items():
+        assert last - first + 1 == job.chunk_layers[stage][chunk]
