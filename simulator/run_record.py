@@ -30,7 +30,7 @@ Loss = Annotated[float, Field(ge=0, le=1_000.0)]
 
 
 class LayerRecord(BaseModel):
-    """One transformer layer, one micro-batch, measured on its stage's TP rank 0 / DP rank 0."""
+    """One transformer layer, one micro-batch, measured on its stage's TP, CP and DP rank 0."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
