@@ -379,7 +379,9 @@ class ContextParallelAttention(Module):
                   attention=(dm.b * dm.a, seq, dm.d, True))
 
     def _comm(self, name: str, kind: CollectiveKind, nbytes: int):
-        return collective(name, kind, nbytes, self.dm.cp, self.dm.t)
+        # inside the core-attention region: selective recompute replays the attention, and with it the
+        # exchanges that bring its keys and values
+        return collective(name, kind, nbytes, self.dm.cp, self.dm.t, region=CORE_ATTENTION)
 
     def forward(self, g: GraphBuilder) -> None:
         dm = self.dm

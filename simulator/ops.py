@@ -141,8 +141,8 @@ def gemm(name: str, shape: GemmShape, saves=(), region="", kind=OpKind.gemm) -> 
     return Op(name, kind, flops=shape.flops, gemm=shape, saves=tuple(saves), region=region)
 
 
-def collective(name: str, kind: CollectiveKind, nbytes: int, t: int, stride: int = 1) -> Op:
-    return Op(name, OpKind.collective, collective=CollectiveOp(kind, nbytes, t, stride))
+def collective(name: str, kind: CollectiveKind, nbytes: int, t: int, stride: int = 1, region: str = "") -> Op:
+    return Op(name, OpKind.collective, collective=CollectiveOp(kind, nbytes, t, stride), region=region)
 
 
 def ordered_ops(graph: nx.DiGraph) -> list[Op]:

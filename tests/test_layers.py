@@ -1,5 +1,7 @@
 """The layer graph: the ops Megatron runs, their bytes, and what does not depend on what."""
 
+import pytest
+
 from simulator.layers import FP32_BYTES, embedding_extras, ordered_ops, output_extras, transformer_layer
 from simulator.model import PRESETS, ModelSpec
 from simulator.plan import ParallelPlan, Precision
@@ -38,6 +40,20 @@ def test_selective_recompute_replays_the_context_copy_with_the_core_attention():
     layer = transformer_layer(GPT3, plan(recompute={"granularity": "selective"}))
     assert "recompute.attention_context.copy" in ops(layer.recompute)
     assert "recompute.qkv.bias_add" not in ops(layer.recompute)
+
+
+@pytest.mark.parametrize("comm", ["p2p", "a2a", "allgather"])
+def test_selective_recompute_under_context_parallelism_replays_the_exchanges_with_the_attention(comm):
+    """Recomputing the attention needs its keys and values again: every CP exchange of the forward is
+    replayed, and nothing else is added to the recompute."""
+    p = plan(context_parallel_size=4, cp_comm_type=comm, attention_backend="auto",
+             recompute={"granularity": "selective"}, data_parallel_size=1)
+    layer = transformer_layer(GPT3, p)
+    cp_group = (4, 8)  # four ranks, one TP group (eight ranks) apart
+    forward = [o for o in ordered_ops(layer.forward)
+               if o.collective is not None and (o.collective.group_size, o.collective.stride) == cp_group]
+    replayed = [o for o in ordered_ops(layer.recompute) if o.collective is not None]
+    assert forward and [o.collective for o in replayed] == [o.collective for o in forward]
 
 
 def _totals(graph) -> tuple[float, float, float]:
