@@ -206,7 +206,7 @@ class Experts(nn.Module):
         self.local = model.num_experts // groups.ep_size
         self.first = groups.ep_rank * self.local
         self.adds_bias = r == 0  # fc2's output is a partial sum over ETP: one rank adds the bias
-        self.params = nn.ParameterList()
+        self.params = nn.ParameterList()  # fc1 weight, fc1 bias, fc2 weight, fc2 bias of each local expert
         for e in range(self.first, self.first + self.local):
             prefix = f"{name}.{e}"
             for suffix, shape, full, dim, kind in (("fc1.weight", (f // etp, h), (f, h), 0, "normal"),
