@@ -9,8 +9,13 @@ Data parallelism reduces each bucket with one collective; with ``overlap_grad_re
 all-reduce is issued (asynchronously) as soon as the last micro-batch has produced all of its
 gradients, and waited for after the backward.
 
-Sequence parallelism's replicated parameters (norms, row-parallel biases) saw only their rank's
-sequence shard, so their gradients are summed over TP, coalesced into one all-reduce
+The experts of a mixture-of-experts layer live in buffers of their own (Megatron-Core's
+``expert_parallel_buffers``), reduced over the expert-data-parallel group (the ranks holding the same
+experts) but, like every other gradient, divided by DP x CP: each expert has summed the gradients of
+the tokens every rank of its EP group sent it.
+
+Sequence parallelism's replicated parameters (norms, row-parallel biases, the router) saw only their
+rank's sequence shard, so their gradients are summed over TP, coalesced into one all-reduce
 (``_allreduce_layernorm_grads``); the tied word embedding's over the first and last stage.
 """
 
@@ -35,12 +40,14 @@ class _Bucket:
 
 
 class GradBuffer:
-    """One fp32 ``main_grad`` buffer over ``params``, in buckets; reduces over ``dp_group``."""
+    """One fp32 ``main_grad`` buffer over ``params``, in buckets; sums over ``dp_group`` (of ``dp_size`` ranks) and
+    divides by ``divisor`` (default ``dp_size``)."""
 
     def __init__(self, params: list[nn.Parameter], *, dp_group, dp_size: int, bucket_params: int | None,
-                 overlap: bool, device: torch.device) -> None:
+                 overlap: bool, device: torch.device, divisor: int | None = None) -> None:
         self.params = list(reversed(params))  # the backward produces the last layers' gradients first
         self.dp_group, self.dp_size, self.overlap = dp_group, dp_size, overlap
+        self.divisor = dp_size if divisor is None else divisor
         total = sum(p.numel() for p in self.params)
         self.buffer = torch.zeros(total, dtype=torch.float32, device=device)
         size = total if not overlap else (bucket_params or default_bucket_params(dp_size))
@@ -88,11 +95,39 @@ class GradBuffer:
                     dist.all_reduce(b.data, group=self.dp_group)
                 else:
                     b.work.wait()
-            self.buffer.div_(self.dp_size)
+        if self.divisor > 1:
+            self.buffer.div_(self.divisor)
         self.last_micro_batch = False
 
     def zero(self) -> None:
         self.buffer.zero_()
+
+
+class ChunkGradients:
+    """A model chunk's buffers: its dense parameters' over DP x CP, and its experts' (if any) over EDP."""
+
+    def __init__(self, params: list[nn.Parameter], *, dp_group, expert_dp_group, dp_size: int, expert_dp_size: int,
+                 bucket_params: int | None, overlap: bool, device: torch.device) -> None:
+        dense = [p for p in params if not getattr(p, "expert_parallel", False)]
+        experts = [p for p in params if getattr(p, "expert_parallel", False)]
+        self.buffers = [GradBuffer(dense, dp_group=dp_group, dp_size=dp_size, bucket_params=bucket_params,
+                                   overlap=overlap, device=device)]
+        if experts:
+            self.buffers.append(GradBuffer(experts, dp_group=expert_dp_group, dp_size=expert_dp_size,
+                                           bucket_params=bucket_params, overlap=overlap, device=device,
+                                           divisor=dp_size))
+
+    def start_last_micro_batch(self) -> None:
+        for b in self.buffers:
+            b.start_last_micro_batch()
+
+    def reduce(self) -> None:
+        for b in self.buffers:
+            b.reduce()
+
+    def zero(self) -> None:
+        for b in self.buffers:
+            b.zero()
 
 
 def all_reduce_coalesced(tensors: list[torch.Tensor], group) -> None:

@@ -32,8 +32,8 @@ def torchrun_command(nproc: int, train_args: list[str], script: Path | None = No
 
 
 def check_supported(job: Job) -> None:
-    """The reference loop implements GPT-style layers, and context parallelism as the p2p ring; say so before any
-    process starts."""
+    """The reference loop implements GPT-style layers (and dropless mixture-of-experts layers), and context
+    parallelism as the p2p ring; say so before any process starts."""
     m, p = job.model, job.plan
     unsupported = [
         (m.swiglu, "swiglu", "use a GeLU MLP"),
@@ -55,9 +55,45 @@ def check_supported(job: Job) -> None:
          and p.recompute.num_layers > 1, f"uniform recompute groups of {p.recompute.num_layers} layers",
          "use --recompute-num-layers 1 or --recompute-method block"),
     ]
+    if m.is_moe:
+        unsupported += [
+            (m.moe_expert_capacity_factor is not None,
+             f"token dropping (moe_expert_capacity_factor={m.moe_expert_capacity_factor})",
+             "leave moe_expert_capacity_factor unset (dropless)"),
+            # Megatron's rule: the experts take the sequence-parallel shards of the TP ranks
+            (p.tensor_parallel_size > 1 and not p.sequence_parallel,
+             f"mixture-of-experts layers with tensor_parallel_size={p.tensor_parallel_size} and no sequence "
+             "parallelism", "add --sequence-parallel"),
+        ]
     for bad, what, fix in unsupported:
         if bad:
             raise ConfigError(f"the reference training loop does not implement {what}; {fix}")
+    _check_expert_layout(job)
+
+
+def _check_expert_layout(job: Job) -> None:
+    """The expert dimensions must tile the ranks of a stage and split the experts evenly (else the rank layout
+    has no expert groups to build)."""
+    m, p = job.model, job.plan
+    ep, etp = p.expert_model_parallel_size, p.expert_tp_size
+    ranks = p.tensor_parallel_size * p.context_parallel_size * p.data_parallel_size
+    if not m.is_moe:
+        if ep > 1:
+            raise ConfigError(f"expert_model_parallel_size={ep} needs a model with experts; set num_experts or use 1")
+        return
+    if ranks % (ep * etp):
+        raise ConfigError(f"expert_model_parallel_size={ep} x expert_tensor_parallel_size={etp} does not divide the "
+                          f"{ranks} TP x CP x DP ranks of a stage; pick sizes whose product divides {ranks}")
+    if m.num_experts % ep:
+        raise ConfigError(f"expert_model_parallel_size={ep} does not divide num_experts={m.num_experts}; use a "
+                          "divisor of the expert count")
+    if m.expert_ffn_size % etp:
+        raise ConfigError(f"expert_tensor_parallel_size={etp} does not divide the experts' ffn size "
+                          f"{m.expert_ffn_size}; use a divisor of it")
+    shared = m.moe_shared_expert_intermediate_size
+    if shared and shared % p.tensor_parallel_size:
+        raise ConfigError(f"tensor_parallel_size={p.tensor_parallel_size} does not divide "
+                          f"moe_shared_expert_intermediate_size={shared}; use a divisor of it")
 
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)(: .*)?$")

@@ -11,6 +11,9 @@ Table 2), which ``tests/calibration/test_reference_loop.py`` checks byte for byt
 - PyTorch's LayerNorm also keeps its per-token fp32 mean and 1/std, which the paper (and the
   simulator) leave out; the meter reports them apart as ``norm_statistics_bytes``.
 
+A layer that ``model.is_moe_layer`` names has ``moe.MoELayer`` for its MLP (router, dispatcher over
+the expert-parallel group, this rank's experts, shared experts).
+
 Attention: ``unfused`` is Megatron's own path (QK^T, softmax, dropout, x V, keeping the s x s
 probabilities); the fused backends (``auto``, ``flash``, ``fused``) run ``attention.RingAttention``,
 flash attention's blockwise algorithm in PyTorch that keeps q, k, v and an fp32 log-sum-exp, and
@@ -32,6 +35,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from calibration.reference.attention import context_parallel_positions, ring_attention
+from calibration.reference.moe import MoELayer
 from calibration.reference.parallel import (
     ColumnParallelLinear,
     ParallelGroups,
@@ -92,7 +96,8 @@ def _layer_norm(hidden: int, name: str, sequence_parallel: bool, dtype, device) 
 
 
 class TransformerLayer(nn.Module):
-    """Pre-norm GPT layer on one TP rank: x + Attn(LN(x)), then x + MLP(LN(x)); ``[s, b, h]`` in and out.
+    """Pre-norm GPT layer on one TP rank: x + Attn(LN(x)), then x + MLP(LN(x)) (or the MoE layer); ``[s, b, h]``
+    in and out.
 
     s is this rank's share of the sequence: s/cp tokens under context parallelism, and s/(cp t) for
     the norms, dropouts and residual adds under sequence parallelism.
@@ -115,8 +120,13 @@ class TransformerLayer(nn.Module):
         self.qkv = ColumnParallelLinear(h, 3 * h, name=f"{name}.qkv", **common)
         self.proj = RowParallelLinear(h, h, name=f"{name}.proj", **common)
         self.pre_mlp_norm = _layer_norm(h, f"{name}.pre_mlp_norm", sp, dtype, device)
-        self.fc1 = ColumnParallelLinear(h, model.ffn_size, name=f"{name}.fc1", **common)
-        self.fc2 = RowParallelLinear(model.ffn_size, h, name=f"{name}.fc2", **common)
+        self.moe = None
+        if model.is_moe_layer(index):
+            self.moe = MoELayer(model=model, plan=plan, groups=groups, index=index, seed=seed, dtype=dtype,
+                                device=device)
+        else:
+            self.fc1 = ColumnParallelLinear(h, model.ffn_size, name=f"{name}.fc1", **common)
+            self.fc2 = RowParallelLinear(model.ffn_size, h, name=f"{name}.fc2", **common)
         if not self.fused_attention:
             s = model.seq_length
             causal = torch.full((s, s), float("-inf"), dtype=dtype, device=device).triu(1)
@@ -150,7 +160,8 @@ class TransformerLayer(nn.Module):
         else:
             context = self.core_attention(q, k, v)
         x = x + dropout(self.proj(context), self.hidden_dropout, self.training)
-        y = self.fc2(F.gelu(self.fc1(self.pre_mlp_norm(x))))
+        y = self.pre_mlp_norm(x)
+        y = self.moe(y) if self.moe is not None else self.fc2(F.gelu(self.fc1(y)))
         return x + dropout(y, self.hidden_dropout, self.training)
 
 

@@ -2,8 +2,9 @@
 
 Rank layout: ``simulator.layout.RankLayout``, Megatron's default order tp-cp-dp-pp, so
 ``rank = tp + TP * (cp + CP * (dp + DP * stage))`` and global rank 0 is stage 0 with every other
-coordinate 0; every group here is one the layout names. Every function takes its process group as
-an argument; nothing lives in module globals.
+coordinate 0; the expert layers of a mixture-of-experts model decompose the same ranks of a stage
+again as etp-ep-edp (Megatron's expert rank generator). Every group here is one the layout names.
+Every function takes its process group as an argument; nothing lives in module globals.
 
 Activations are laid out ``[s, b, h]`` (sequence first) as in Megatron, so a sequence-parallel
 shard is a contiguous slice of the first dimension.
@@ -43,14 +44,25 @@ class ParallelGroups:
     cp_ranks: tuple[int, ...]  # global ranks of the CP group, in CP order
     dp_cp: dist.ProcessGroup | None  # DP x CP: every rank with the same parameters (gradients reduce over it)
     embedding: dist.ProcessGroup | None  # first and last stage, for the tied word embedding
+    # the expert layers' decomposition of a stage's ranks (etp x ep x edp = tp x cp x dp); a dense model has none
+    etp_rank: int = 0
+    etp_size: int = 1
+    ep_rank: int = 0
+    ep_size: int = 1
+    edp_size: int = 1
+    etp: dist.ProcessGroup | None = None  # the ranks one expert is split over
+    ep: dist.ProcessGroup | None = None  # the ranks the experts are spread over: the all-to-all's group
+    edp: dist.ProcessGroup | None = None  # the ranks holding the same experts: their gradients reduce over it
+    tp_ep: dist.ProcessGroup | None = None  # etp x ep: the allgather dispatcher's group
 
     def stage_rank(self, stage: int) -> int:
         """Global rank of ``stage`` with this rank's TP, CP and DP coordinates."""
         return self.layout.rank(tp=self.tp_rank, cp=self.cp_rank, dp=self.dp_rank, pp=stage)
 
 
-def build_groups(layout: RankLayout) -> ParallelGroups:
-    """Create every group on every rank (``new_group`` is collective) and keep this rank's."""
+def build_groups(layout: RankLayout, experts: bool = False) -> ParallelGroups:
+    """Create every group on every rank (``new_group`` is collective) and keep this rank's; ``experts``: the
+    expert groups too."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if layout.world != world:
         raise ValueError(f"Invalid parallel dims: tp({layout.tp}) * cp({layout.cp}) * dp({layout.dp}) * "
@@ -63,16 +75,27 @@ def build_groups(layout: RankLayout) -> ParallelGroups:
     # the tied word embedding: a first-stage rank and the last-stage rank with its TP, CP and DP coordinates
     last = (layout.pp - 1) * layout.stride("pp")
     embedding = [(r, r + last) for r in layout.stage_ranks(0)] if layout.pp > 1 else []
+    wanted = [("tp", layout.groups("tp")), ("cp", layout.groups("cp")), ("dp_cp", dp_cp), ("embedding", embedding)]
+    expert = {}
+    if experts:
+        # the ranks of one expert-data-parallel replica of a stage: every expert, each split over ETP
+        place = [layout.coords(r, expert=True) for r in range(world)]
+        tp_ep = [tuple(r for r in range(world) if (place[r]["edp"], place[r]["pp"]) == (d, p))
+                 for p in range(layout.pp) for d in range(layout.size("edp"))]
+        wanted += [("etp", layout.groups("etp")), ("ep", layout.groups("ep")), ("edp", layout.groups("edp")),
+                   ("tp_ep", tp_ep)]
+        mine_e = layout.coords(rank, expert=True)
+        expert = dict(etp_rank=mine_e["etp"], etp_size=layout.size("etp"), ep_rank=mine_e["ep"],
+                      ep_size=layout.size("ep"), edp_size=layout.size("edp"))
     mine: dict[str, dist.ProcessGroup | None] = {}
-    for name, groups in (("tp", layout.groups("tp")), ("cp", layout.groups("cp")), ("dp_cp", dp_cp),
-                         ("embedding", embedding)):
+    for name, groups in wanted:
         mine[name] = None
         for ranks in groups:  # every rank creates every group, in the same order
             group = dist.new_group(list(ranks))
             if rank in ranks:
                 mine[name] = group
     return ParallelGroups(layout, rank, me["tp"], layout.tp, me["cp"], layout.cp, me["dp"], layout.dp, me["pp"],
-                          layout.pp, cp_ranks=layout.group("cp", rank), **mine)
+                          layout.pp, cp_ranks=layout.group("cp", rank), **expert, **mine)
 
 
 # ---------------------------------------------------------------- collectives along the first dim
@@ -169,6 +192,24 @@ class _ReduceScatterToSP(torch.autograd.Function):
         return all_gather_first_dim(grad, ctx.group), None
 
 
+class _GatherFromSP(torch.autograd.Function):
+    """Concatenate every rank's sequence shard; backward reduce-scatters (Megatron's
+    ``gather_from_sequence_parallel_region``)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return all_gather_first_dim(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter_first_dim(grad, ctx.group), None
+
+
+def gather_from_sequence_parallel_region(x, group):
+    return _GatherFromSP.apply(x, group) if _size(group) > 1 else x
+
+
 def reduce_from_tensor_parallel_region(x, group):
     return _ReduceFromTP.apply(x, group) if _size(group) > 1 else x
 
@@ -237,6 +278,7 @@ def init_shard(param: nn.Parameter, name: str, full_shape: tuple[int, ...], part
         param.copy_(full)
     param.global_name = name  # the same in every layout, for comparing gradients across layouts
     param.partition_dim = partition_dim
+    param.shard_rank = tp_rank if partition_dim is not None else 0  # which slice of the full tensor this is
 
 
 class ColumnParallelLinear(nn.Module):

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from calibration.reference.grads import GradBuffer
+from calibration.reference.grads import ChunkGradients
 from calibration.reference.meter import LayerProbe
 from calibration.reference.model import GPTChunk
 from calibration.reference.parallel import ParallelGroups
@@ -43,7 +43,7 @@ def run_schedule(
     probe: LayerProbe | None = None,
     measure_first_micro_batch: bool = False,
     timers: Timers | None = None,
-    grads: list[GradBuffer] | None = None,
+    grads: list[ChunkGradients] | None = None,
 ) -> torch.Tensor:
     """Forward and backward of every micro-batch on this stage; returns the summed loss (last stage) or 0.
 

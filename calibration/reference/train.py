@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from calibration.reference.attention import context_parallel_positions
-from calibration.reference.grads import GradBuffer, all_reduce_coalesced
+from calibration.reference.grads import ChunkGradients, all_reduce_coalesced
 from calibration.reference.launch import check_supported
 from calibration.reference.meter import Clock, LayerProbe
 from calibration.reference.model import (
@@ -77,16 +77,23 @@ class MixedPrecisionAdam:
                 m.grad = None
 
 
-def finish_gradients(chunks: list[GPTChunk], grads: list[GradBuffer], groups: ParallelGroups, timers: Timers) -> None:
+def finish_gradients(chunks: list[GPTChunk], grads: list[ChunkGradients], groups: ParallelGroups,
+                     timers: Timers) -> None:
     """The reductions after the last backward, in Megatron's order (``finalize_model_grads``): the data-parallel
-    buckets, sequence parallelism's replicated parameters over TP, the tied embedding between the stages."""
+    (and expert-data-parallel) buckets, sequence parallelism's replicated parameters over TP, the experts' fc2
+    biases over ETP, the tied embedding between the stages."""
     with timers("grads-all-reduce"):
         for buffer in grads:
             buffer.reduce()
-    sequence_parallel = [p.main_grad for c in chunks for p in c.parameters() if getattr(p, "sequence_parallel", False)]
+    params = [p for c in chunks for p in c.parameters()]
+    sequence_parallel = [p.main_grad for p in params if getattr(p, "sequence_parallel", False)]
     if sequence_parallel and groups.tp_size > 1:
         with timers("layernorm-grads-all-reduce"):
             all_reduce_coalesced(sequence_parallel, groups.tp)
+    expert_partial = [p.main_grad for p in params if getattr(p, "expert_tensor_parallel_partial", False)]
+    if expert_partial:
+        with timers("layernorm-grads-all-reduce"):
+            all_reduce_coalesced(expert_partial, groups.etp)
     if groups.embedding is not None:
         words = [c.embedding.word.weight if c.embedding is not None else c.output_word.weight
                  for c in chunks if c.embedding is not None or (c.post_process and c.output_word is not None)]
@@ -96,12 +103,19 @@ def finish_gradients(chunks: list[GPTChunk], grads: list[GradBuffer], groups: Pa
 
 
 def dump_gradients(chunks: list[GPTChunk], groups: ParallelGroups, directory: Path) -> None:
-    """Each rank's gradient shards by global name, for tests that reassemble and compare them."""
+    """Each rank's gradient shards by global name (with the slice of the full tensor each is), for tests that
+    reassemble and compare them; for MoE layers, the copies this rank's experts took in the metered micro-batch
+    and the smallest gap between a chosen and an unchosen router logit over the run."""
     directory.mkdir(parents=True, exist_ok=True)
-    grads = {p.global_name: (p.main_grad.detach().float().cpu().clone(), p.partition_dim)
+    grads = {p.global_name: (p.main_grad.detach().float().cpu().clone(), p.partition_dim,
+                             getattr(p, "shard_rank", 0))
              for c in chunks for p in c.parameters()}
+    moe = [layer for c in chunks for layer in c.layers if layer.moe is not None]
     torch.save({"tp_rank": groups.tp_rank, "tp_size": groups.tp_size, "dp_rank": groups.dp_rank,
-                "cp_rank": groups.cp_rank, "grads": grads}, directory / f"rank{groups.rank}.pt")
+                "cp_rank": groups.cp_rank, "ep_rank": groups.ep_rank, "etp_rank": groups.etp_rank, "grads": grads,
+                "expert_tokens": {layer.index: layer.moe.first_expert_tokens for layer in moe},
+                "router_margin": min((layer.moe.smallest_margin for layer in moe), default=None)},
+               directory / f"rank{groups.rank}.pt")
 
 
 def describe_device(device: torch.device) -> str:
@@ -123,7 +137,7 @@ def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
     plan, model = job.plan, job.model
     p, v, t = plan.pipeline_parallel_size, plan.virtual_pipeline_stages, plan.tensor_parallel_size
     load = load_average()
-    groups = build_groups(RankLayout.of(job))
+    groups = build_groups(RankLayout.of(job), experts=model.is_moe)
     dtype = DTYPES[plan.precision]
     # TP ranks share a seed: dropouts on replicated activations must agree across them
     torch.manual_seed(seed + 100 * groups.pp_rank)
@@ -134,9 +148,16 @@ def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
                  seed=seed, dtype=dtype, device=device)
         for c in range(v)
     ]
-    # every rank of DP x CP holds the same parameters: Megatron reduces (and averages) gradients over them
-    grads = [GradBuffer(list(c.parameters()), dp_group=groups.dp_cp, dp_size=plan.gradient_group_size,
-                        bucket_params=plan.ddp_bucket_size, overlap=plan.overlap_grad_reduce, device=device)
+    if dump_dir is not None:
+        for c in chunks:
+            for layer in c.layers:
+                if layer.moe is not None:
+                    layer.moe.track_margin = True
+    # every rank of DP x CP holds the same parameters: Megatron reduces (and averages) gradients over them;
+    # the experts' over the ranks holding the same experts (EDP)
+    grads = [ChunkGradients(list(c.parameters()), dp_group=groups.dp_cp, expert_dp_group=groups.edp,
+                            dp_size=plan.gradient_group_size, expert_dp_size=groups.edp_size,
+                            bucket_params=plan.ddp_bucket_size, overlap=plan.overlap_grad_reduce, device=device)
              for c in chunks]
     optimizer = MixedPrecisionAdam([q for c in chunks for q in c.parameters()], lr)
     m = plan.num_micro_batches

@@ -1,6 +1,7 @@
 """The reference loop on CPU: parallelism and recompute do not change the math, and every layer
 saves exactly the bytes the simulator's memory model says (Korthikanti Table 2; flash attention's
-q, k, v and fp32 log-sum-exp under the fused backends and context parallelism).
+q, k, v and fp32 log-sum-exp under the fused backends and context parallelism; the MoE layer's
+tensors at the copies its experts took, with what the model does not declare named).
 
 Starting processes is the slow part, so the jobs run in four launches (1, 2, 3 and 4 processes)
 shared by every test here.
@@ -33,6 +34,10 @@ DROPOUT = ModelSpec(name="tiny", **TINY)
 SIX_LAYERS = ModelSpec(name="tiny6-nodrop", attention_dropout=0.0, hidden_dropout=0.0, **{**TINY, "num_layers": 6})
 # the loop's fused (flash-style) attention has no attention dropout; hidden dropout stays on where recompute is compared
 HIDDEN_DROPOUT = ModelSpec(name="tiny-hidden-dropout", attention_dropout=0.0, **TINY)
+# mixture of experts in layers 0 and 2 (dense 1 and 3): 4 experts, top-2, experts of their own inner size
+MOE = ModelSpec(name="tiny-moe", attention_dropout=0.0, hidden_dropout=0.0, num_experts=4, moe_router_topk=2,
+                moe_ffn_hidden_size=48, moe_layer_freq=2, **TINY)
+MOE_SHARED = MOE.model_copy(update={"name": "tiny-moe-shared", "moe_shared_expert_intermediate_size": 32})
 
 
 def _job(model: ModelSpec, granularity: str = "none", method: str = "uniform", recompute_layers: int = 1,
@@ -73,8 +78,32 @@ LAYOUTS = {  # name -> (processes, job); "single" (or "single6") is the referenc
     "cp4": (4, _job(NO_DROPOUT, context_parallel_size=4, attention_backend="auto")),  # a ring of more than 2
     "cp2-pp2": (4, _job(NO_DROPOUT, context_parallel_size=2, pipeline_parallel_size=2, attention_backend="auto")),
     "cp2-dp2": (4, _job(NO_DROPOUT, context_parallel_size=2, data_parallel_size=2, attention_backend="auto")),
+    # mixture of experts: EP 2 over DP 2 with both dispatchers, under full recompute, over CP and PP; EP 2 x TP 2
+    # (experts split over ETP = TP, or whole with ETP 1 and two EDP replicas), with shared experts
+    "moe-single": (1, _job(MOE)),
+    "moe-shared-single": (1, _job(MOE_SHARED)),
+    "moe-ep2": (2, _job(MOE, data_parallel_size=2, expert_model_parallel_size=2,
+                        moe_token_dispatcher_type="alltoall")),
+    "moe-ep2-allgather": (2, _job(MOE, data_parallel_size=2, expert_model_parallel_size=2)),
+    "moe-ep2-full": (2, _job(MOE, "full", data_parallel_size=2, expert_model_parallel_size=2,
+                             moe_token_dispatcher_type="alltoall")),
+    "moe-cp2-ep2": (2, _job(MOE, context_parallel_size=2, expert_model_parallel_size=2, attention_backend="auto",
+                            moe_token_dispatcher_type="alltoall")),
+    "moe-ep2-tp2": (4, _job(MOE_SHARED, tensor_parallel_size=2, sequence_parallel=True, data_parallel_size=2,
+                            expert_model_parallel_size=2, moe_token_dispatcher_type="alltoall")),
+    "moe-ep2-tp2-allgather": (4, _job(MOE, tensor_parallel_size=2, sequence_parallel=True, data_parallel_size=2,
+                                      expert_model_parallel_size=2)),
+    "moe-ep2-tp2-etp1": (4, _job(MOE, tensor_parallel_size=2, sequence_parallel=True, data_parallel_size=2,
+                                 expert_model_parallel_size=2, expert_tensor_parallel_size=1,
+                                 moe_token_dispatcher_type="alltoall")),
+    "moe-pp2-ep2": (4, _job(MOE, pipeline_parallel_size=2, data_parallel_size=2, expert_model_parallel_size=2,
+                            moe_token_dispatcher_type="alltoall")),
 }
-SINGLE = ("single", "single6")
+SINGLE = ("single", "single6", "moe-single", "moe-shared-single")
+MOE_LAYOUTS = [name for name in LAYOUTS if name.startswith("moe-") and name not in SINGLE]
+# no routing decision of the tests may sit within the layouts' rounding differences (about 1e-7) of a tie,
+# or the layouts would route a token differently: the gap between the k-th and the (k+1)-th logit is checked
+ROUTER_MARGIN = 1e-5
 # (stage, chunk) of each layer in Megatron's numbering (get_transformer_layer_offset): model chunk c*p + s
 # holds consecutive layers, the embedding and the loss take a layer's place in the first and last chunk
 STAGE_AND_CHUNK_OF_LAYERS = {
@@ -111,16 +140,18 @@ def runs(tmp_path_factory) -> dict[str, tuple[RunRecord, Path]]:
     return {name: (load_run_record(root / f"{name}.json"), root / name) for name in jobs}
 
 
+def rank_dumps(directory: Path) -> list[dict]:
+    return [torch.load(path) for path in sorted(directory.glob("rank*.pt"))]
+
+
 def full_gradients(directory: Path) -> dict[str, "torch.Tensor"]:
-    """Reassemble each parameter's gradient from the TP shards of DP replica 0, CP rank 0 (every DP x CP
-    rank holds the same reduced gradients)."""
+    """Reassemble each parameter's gradient from its TP (or ETP) slices, taking each slice from the first rank
+    that holds it: every rank of DP x CP holds the same reduced dense gradients, every rank of EDP the same
+    expert gradients, and an expert lives on one EP rank only."""
     shards: dict[str, dict[int, tuple]] = {}
-    for path in sorted(directory.glob("rank*.pt")):
-        dump = torch.load(path)
-        if dump["dp_rank"] != 0 or dump["cp_rank"] != 0:
-            continue
-        for name, (grad, dim) in dump["grads"].items():
-            shards.setdefault(name, {})[dump["tp_rank"]] = (grad, dim)
+    for dump in rank_dumps(directory):
+        for name, (grad, dim, shard) in dump["grads"].items():
+            shards.setdefault(name, {}).setdefault(shard, (grad, dim))
     out = {}
     for name, by_rank in shards.items():
         parts = [by_rank[r] for r in sorted(by_rank)]
@@ -162,28 +193,97 @@ def test_block_recompute_matches_no_recompute(runs):
     assert runs["tp2-sp-block"][0].losses == pytest.approx(runs["tp2-sp-none"][0].losses, abs=TOLERANCE)
 
 
+def local_tokens(record: RunRecord) -> int:
+    """Tokens a norm sees on one rank: s b / cp, and / t under sequence parallelism."""
+    plan = record.plan
+    tokens = record.model.seq_length * plan.micro_batch_size // plan.context_parallel_size
+    return tokens // plan.tensor_parallel_size if plan.sequence_parallel else tokens
+
+
 def norm_statistics_bytes(record: RunRecord, granularity: RecomputeGranularity) -> int:
     """What PyTorch's LayerNorm keeps beyond its input: an fp32 mean and 1/std per local token, for
     each of the layer's two norms. The paper and the simulator leave them out; under full
     recompute the layer keeps only its input, so there are none."""
     if granularity is RecomputeGranularity.full:
         return 0
-    plan = record.plan
-    tokens = record.model.seq_length * plan.micro_batch_size // plan.context_parallel_size
-    if plan.sequence_parallel:
-        tokens //= plan.tensor_parallel_size
-    return 2 * 2 * tokens * 4
+    return 2 * 2 * local_tokens(record) * 4
+
+
+def metered_expert_tokens(directory: Path, index: int) -> int:
+    """The copies the experts of the metered rank (its stage's TP, CP and DP rank 0) took in the metered
+    micro-batch."""
+    (dump,) = [d for d in rank_dumps(directory) if index in d["expert_tokens"]
+               and d["tp_rank"] == d["cp_rank"] == d["dp_rank"] == 0]
+    return dump["expert_tokens"][index]
+
+
+def modelled_moe_bytes(record: RunRecord, tokens: int, granularity: RecomputeGranularity) -> int:
+    """The memory model's MoE layer evaluated at the copies its experts really took. The model plans for the
+    balanced share times moe_load_imbalance; every expert tensor it declares ('experts.*') is copies x width,
+    so each is rescaled from the planned count to the measured one."""
+    saved = transformer_layer(record.model, record.plan, moe=True).saved_tensors(granularity)
+    fc1_input = next((t for t in saved if t.name == "experts.fc1.input"), None)
+    if fc1_input is None:  # full recompute keeps the layer's input only
+        return sum(t.bytes for t in saved)
+    planned = fc1_input.numel // record.model.hidden_size
+    return sum(t.bytes * tokens // planned if t.name.startswith("experts.") else t.bytes for t in saved)
+
+
+def unmodelled_moe_bytes(record: RunRecord, tokens: int, granularity: RecomputeGranularity) -> int:
+    """What the loop's MoE layer keeps and ``simulator.modules.MoEMLP`` does not declare (Megatron-Core's
+    unfused path keeps the like): the router's top-k indices (int64, local tokens x k); the permutation
+    (int64, one per copy the permute moves: local tokens x k with alltoall, the experts' copies with
+    allgather); the probabilities of the experts' copies (activation dtype), which scale the activation.
+    Less the shared experts' fc1 input, which the model counts again although it is the router's input."""
+    if granularity is RecomputeGranularity.full:
+        return 0
+    model, plan = record.model, record.plan
+    routed = local_tokens(record) * model.moe_router_topk
+    permuted = routed if plan.moe_token_dispatcher_type.value == "alltoall" else tokens
+    shared_input = local_tokens(record) * model.hidden_size * plan.precision.activation_bytes
+    return (routed * 8 + permuted * 8 + tokens * plan.precision.activation_bytes
+            - (shared_input if model.moe_shared_expert_intermediate_size else 0))
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS) + list(RECOMPUTE))
 def test_each_layer_saves_exactly_the_modelled_bytes(runs, name):
-    record = runs[name][0]
+    record, directory = runs[name]
     layer_graph = transformer_layer(record.model, record.plan)
     assert len(record.layers) == record.model.num_layers
     for layer in record.layers:
         g = layer.recompute_granularity
-        assert layer.activation_bytes == layer_graph.activation_bytes(g), (name, layer.index, g)
+        expected = layer_graph.activation_bytes(g)
+        if record.model.is_moe_layer(layer.index):
+            tokens = metered_expert_tokens(directory, layer.index)
+            expected = modelled_moe_bytes(record, tokens, g) + unmodelled_moe_bytes(record, tokens, g)
+        assert layer.activation_bytes == expected, (name, layer.index, g)
         assert layer.norm_statistics_bytes == norm_statistics_bytes(record, g), (name, layer.index)
+
+
+@pytest.mark.parametrize("layout", MOE_LAYOUTS)
+def test_the_experts_take_the_balanced_share_on_average(runs, layout):
+    """Each copy a rank routes is computed by one EP rank, on each of its ETP ranks: over a stage's ranks the
+    mean count is the balanced share the model plans for, local tokens x k x ETP. The routing here is not
+    balanced (rank 0 takes more or fewer), so the byte checks above hold away from the planned count."""
+    record, directory = runs[layout]
+    dumps = rank_dumps(directory)
+    share = local_tokens(record) * record.model.moe_router_topk * record.plan.expert_tp_size
+    unbalanced = False
+    for index in range(record.model.num_layers):
+        counts = [d["expert_tokens"][index] for d in dumps if index in d["expert_tokens"]]
+        assert bool(counts) == record.model.is_moe_layer(index)
+        if counts:
+            assert sum(counts) == share * len(counts), (index, counts)
+            unbalanced |= len(set(counts)) > 1
+    assert unbalanced
+
+
+def test_no_routing_decision_is_near_a_tie(runs):
+    """Layouts sum in other orders, so their router logits differ in the last bits: each chosen expert must beat
+    every unchosen one by far more than that, or the layouts could route a token differently."""
+    for name in (n for n in LAYOUTS if n.startswith("moe-")):
+        margins = [d["router_margin"] for d in rank_dumps(runs[name][1])]
+        assert min(margins) > ROUTER_MARGIN, (name, margins)
 
 
 @pytest.mark.parametrize("layout", sorted(STAGE_AND_CHUNK_OF_LAYERS))
@@ -305,6 +405,49 @@ def test_each_rank_holds_two_load_balanced_chunks_and_the_ring_computes_exactly_
             seen += int(visible.sum())
         pairs.append(seen)
     assert len(set(pairs)) == 1
+
+
+def test_the_moe_functions_differentiate_correctly():
+    """The MoE layer's own autograd functions against finite differences (float64, one process)."""
+    from calibration.reference.moe import _Permute, _SortChunks, _Unpermute, _WeightedGelu
+
+    gen = torch.Generator().manual_seed(0)
+    z, p = (torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True) for shape in ((5, 3), (5,)))
+    assert torch.autograd.gradcheck(_WeightedGelu.apply, (z, p))
+    tokens, probs = (torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+                     for shape in ((4, 3), (4, 2)))
+    order = torch.argsort(torch.tensor([1, 0, 2, 1, 0, 2, 3, 1]), stable=True)  # 4 tokens x top-2 choices
+    assert torch.autograd.gradcheck(lambda t, q: _Permute.apply(t, q, order, 2), (tokens, probs))
+    copies = torch.randn((8, 3), generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda c: _Unpermute.apply(c, order, 2, 4), (copies,))
+    assert torch.autograd.gradcheck(lambda c: _SortChunks.apply(c, [1, 2, 0, 3, 1, 1], 2), (copies,))
+    # chunks (source 0: experts 0 1 2, source 1: experts 0 1 2) sorted to (expert 0: sources 0 1, ...)
+    sorted_rows = _SortChunks.apply(torch.arange(8.0).unsqueeze(1), [1, 2, 0, 3, 1, 1], 2).squeeze(1)
+    assert sorted_rows.tolist() == [0.0, 3.0, 4.0, 5.0, 1.0, 2.0, 6.0, 7.0]
+
+
+def test_the_loop_refuses_what_its_moe_layer_does_not_implement():
+    from calibration.reference.launch import check_supported
+    from simulator.errors import ConfigError
+
+    alltoall = {"moe_token_dispatcher_type": "alltoall"}
+    cases = [
+        (MOE.model_copy(update={"moe_expert_capacity_factor": 1.0}), {},
+         r"token dropping \(moe_expert_capacity_factor=1.0\); leave moe_expert_capacity_factor unset \(dropless\)$"),
+        (MOE, {"tensor_parallel_size": 2},
+         "tensor_parallel_size=2 and no sequence parallelism; add --sequence-parallel$"),
+        (MOE, {"data_parallel_size": 3, "expert_model_parallel_size": 3, "global_batch_size": 3},
+         "expert_model_parallel_size=3 does not divide num_experts=4"),
+        (MOE, {"expert_model_parallel_size": 2, **alltoall}, r"expert_model_parallel_size=2 x "
+         r"expert_tensor_parallel_size=1 does not divide the 1 TP x CP x DP ranks of a stage"),
+        (NO_DROPOUT, {"data_parallel_size": 2, "expert_model_parallel_size": 2},
+         "expert_model_parallel_size=2 needs a model with experts; set num_experts or use 1$"),
+        (MOE.model_copy(update={"swiglu": True}), {}, "does not implement swiglu; use a GeLU MLP$"),
+    ]
+    for model, plan, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            check_supported(_job(model, **plan))
+    check_supported(LAYOUTS["moe-ep2-tp2"][1])
 
 
 def test_the_loop_refuses_attention_dropout_with_fused_attention_and_cp_other_than_the_ring():
