@@ -339,7 +339,8 @@ def validate(record: RunRecord, profile_path: str | None = None, run: str = "", 
     layers = []
     for layer in record.layers:
         f, b, r = per_layer.get(layer.recompute_granularity, (None, None, None))
-        modelled = transformer_layer(job.model, job.plan).activation_bytes(layer.recompute_granularity)
+        modelled = transformer_layer(job.model, job.plan, moe=job.model.is_moe_layer(layer.index)).activation_bytes(
+            layer.recompute_granularity)
         layers.append(LayerComparison(
             index=layer.index, stage=layer.stage, recompute_granularity=layer.recompute_granularity,
             forward_s=compare(f, layer.forward_s), backward_s=compare(b, layer.backward_s),
