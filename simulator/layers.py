@@ -196,14 +196,15 @@ def layer_modules(model: ModelSpec, plan: LayerKey, dm: Dims) -> list[Module]:
     ]
 
 
-def _mlp_modules(model: ModelSpec, plan: LayerKey, dm: Dims, prefix: str, f: int) -> list[Module]:
+def _mlp_modules(model: ModelSpec, plan: LayerKey, dm: Dims, prefix: str, f: int,
+                 input_saved_elsewhere: bool = False) -> list[Module]:
     """A tensor-parallel MLP of inner size ``f`` per rank: column-parallel fc1, the activation, row-parallel fc2."""
     bias, fp8 = model.add_bias_linear, plan.fp8
     mlp_in = 2 * f if model.swiglu else f
     sized = replace(dm, f=f, mlp_in=mlp_in)
     return [
-        ColumnParallelLinear(f"{prefix}fc1", sized, mlp_in, dm.h, f"{prefix or 'mlp_'}all_gather".replace("_all", "_all")
-                             if prefix else "mlp_all_gather", bias_grad=bias, fp8=fp8),
+        ColumnParallelLinear(f"{prefix}fc1", sized, mlp_in, dm.h, f"{prefix}all_gather" if prefix else "mlp_all_gather",
+                             bias_grad=bias, fp8=fp8, input_saved_elsewhere=input_saved_elsewhere),
         Activation(f"{prefix}{'swiglu' if model.swiglu else 'gelu'}", sized),
         RowParallelLinear(f"{prefix}fc2", sized, dm.h, f, f"{prefix}mlp" if prefix else "mlp", bias_grad=bias, fp8=fp8),
     ]
@@ -218,7 +219,9 @@ def _moe_modules(model: ModelSpec, plan: LayerKey, dm: Dims) -> list[Module]:
                                    plan.expert_parallel_size, plan.expert_tensor_parallel_size, plan.dispatcher,
                                    plan.grouped_gemm, imbalance, plan.expert_tensor_parallel_size)]
     shared = model.moe_shared_expert_intermediate_size
-    return routed + (_mlp_modules(model, plan, dm, "shared_expert.", shared // dm.t) if shared else [])
+    # the shared experts read the router's input: one tensor, kept once
+    return routed + (_mlp_modules(model, plan, dm, "shared_expert.", shared // dm.t, input_saved_elsewhere=True)
+                     if shared else [])
 
 
 def _recompute(fwd: nx.DiGraph, granularity: RecomputeGranularity) -> nx.DiGraph:

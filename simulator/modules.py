@@ -32,6 +32,7 @@ from simulator.ops import (
 )
 
 FP8_BYTES = 1
+INDEX_BYTES = 8  # torch's int64 indices (top-k, sort)
 # Transformer Engine's default userbuffers recipe: a GEMM feeding a reduce-scatter is pipelined in 4
 # splits; an all-gather feeding a GEMM is a ring exchange of one chunk per TP rank.
 REDUCE_SCATTER_SPLITS = 4
@@ -234,6 +235,7 @@ class ColumnParallelLinear(Module):
     bias_grad: bool = False
     fp8: bool = False
     split_numel: int = 0
+    input_saved_elsewhere: bool = False  # its input is a tensor another op already keeps (same storage)
 
     @property
     def shape(self) -> GemmShape:
@@ -244,7 +246,8 @@ class ColumnParallelLinear(Module):
         saved = dm.local_tokens * self.in_features
         if self.fp8:
             _input_cast(g, self.name, saved, dm)
-        saves = (SavedTensor(f"{self.name}.input", saved, FP8_BYTES if self.fp8 else dm.ab),)
+        saves = (() if self.input_saved_elsewhere and not self.fp8 else
+                 (SavedTensor(f"{self.name}.input", saved, FP8_BYTES if self.fp8 else dm.ab),))
         if dm.t > 1 and dm.sp:
             _gather_into_gemm(g, self.gather_name, self.name, self.shape, dm, None, saves)
         else:
@@ -546,18 +549,24 @@ class MoEMLP(Module):
         g.add(gemm("router", GemmShape(t_local, self.experts, h),
                    saves=(SavedTensor("router.input", t_local * h, ab),)))
         g.add(elementwise("router.topk", t_local * self.experts, FP32_BYTES / ab, FP32_BYTES / ab, ab,
-                          saves=(SavedTensor("router.probs", t_local * self.topk, FP32_BYTES),)))
+                          saves=(SavedTensor("router.probs", t_local * self.topk, FP32_BYTES),
+                                 SavedTensor("router.topk_indices", t_local * self.topk, INDEX_BYTES))))
         self._dispatch(g, routed, tokens)
         g.add(gemm("experts.fc1", self._expert_shape(fin, h), saves=(SavedTensor("experts.fc1.input", tokens * h, ab),)))
+        # the activation is scaled by each copy's router probability, which it keeps for its backward
         g.add(elementwise("experts.activation", tokens * fin, 1, f / fin, ab,
-                          saves=(SavedTensor("experts.activation.input", tokens * fin, ab),)))
+                          saves=(SavedTensor("experts.activation.input", tokens * fin, ab),
+                                 SavedTensor("experts.permuted_probs", tokens, ab))))
         g.add(gemm("experts.fc2", self._expert_shape(h, f), saves=(SavedTensor("experts.fc2.input", tokens * f, ab),)))
         self._combine(g, routed, tokens)
 
     def _dispatch(self, g: GraphBuilder, routed: int, tokens: int) -> None:
         dm, ab, h = self.dm, self.dm.ab, self.dm.h
+        # the permutation's index map (int64), kept to unpermute: one per copy the permute moves, on
+        # the routing side (alltoall) or on the experts' side (allgather)
         if self.dispatcher == "alltoall":
-            g.add(elementwise("moe.permute", routed * h, 1, 1, ab))
+            g.add(elementwise("moe.permute", routed * h, 1, 1, ab,
+                              saves=(SavedTensor("moe.permute.indices", routed, INDEX_BYTES),)))
             g.add(collective("moe.dispatch_all_to_all", CollectiveKind.all_to_all, routed * h * ab, self.ep,
                              self.ep_stride))
             if self.etp > 1:
@@ -566,7 +575,8 @@ class MoEMLP(Module):
             group = self.ep * self.etp
             g.add(collective("moe.dispatch_all_gather", CollectiveKind.all_gather, dm.local_tokens * group * h * ab,
                              group))
-            g.add(elementwise("moe.permute", tokens * h, 1, 1, ab))
+            g.add(elementwise("moe.permute", tokens * h, 1, 1, ab,
+                              saves=(SavedTensor("experts.sorted_indices", tokens, INDEX_BYTES),)))
 
     def _combine(self, g: GraphBuilder, routed: int, tokens: int) -> None:
         dm, ab, h = self.dm, self.dm.ab, self.dm.h

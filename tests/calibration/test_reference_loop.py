@@ -229,22 +229,6 @@ def modelled_moe_bytes(record: RunRecord, tokens: int, granularity: RecomputeGra
     return sum(t.bytes * tokens // planned if t.name.startswith("experts.") else t.bytes for t in saved)
 
 
-def unmodelled_moe_bytes(record: RunRecord, tokens: int, granularity: RecomputeGranularity) -> int:
-    """What the loop's MoE layer keeps and ``simulator.modules.MoEMLP`` does not declare (Megatron-Core's
-    unfused path keeps the like): the router's top-k indices (int64, local tokens x k); the permutation
-    (int64, one per copy the permute moves: local tokens x k with alltoall, the experts' copies with
-    allgather); the probabilities of the experts' copies (activation dtype), which scale the activation.
-    Less the shared experts' fc1 input, which the model counts again although it is the router's input."""
-    if granularity is RecomputeGranularity.full:
-        return 0
-    model, plan = record.model, record.plan
-    routed = local_tokens(record) * model.moe_router_topk
-    permuted = routed if plan.moe_token_dispatcher_type.value == "alltoall" else tokens
-    shared_input = local_tokens(record) * model.hidden_size * plan.precision.activation_bytes
-    return (routed * 8 + permuted * 8 + tokens * plan.precision.activation_bytes
-            - (shared_input if model.moe_shared_expert_intermediate_size else 0))
-
-
 @pytest.mark.parametrize("name", list(LAYOUTS) + list(RECOMPUTE))
 def test_each_layer_saves_exactly_the_modelled_bytes(runs, name):
     record, directory = runs[name]
@@ -255,7 +239,7 @@ def test_each_layer_saves_exactly_the_modelled_bytes(runs, name):
         expected = layer_graph.activation_bytes(g)
         if record.model.is_moe_layer(layer.index):
             tokens = metered_expert_tokens(directory, layer.index)
-            expected = modelled_moe_bytes(record, tokens, g) + unmodelled_moe_bytes(record, tokens, g)
+            expected = modelled_moe_bytes(record, tokens, g)
         assert layer.activation_bytes == expected, (name, layer.index, g)
         assert layer.norm_statistics_bytes == norm_statistics_bytes(record, g), (name, layer.index)
 
