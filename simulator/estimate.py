@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from simulator import fast_engine
 from simulator.costs import Group
 from simulator.engine import EngineResult, PipelineWork, StageWork, simulate
-from simulator.layers import CollectiveKind, CollectiveOp, Op, OpKind
+from simulator.layers import CollectiveKind, CollectiveOp, Op, OpKind, Stream
 from simulator.layout import RankLayout
-from simulator.memory import MemoryPlan, memory_plan, stage_parameters
+from simulator.memory import MemoryPlan, memory_plan, stage_expert_parameters, stage_parameters
 from simulator.plan import DataParallelSharding, Job, RecomputeGranularity, RecomputeMethod
 from simulator.schedules import build_schedule
 from simulator.timing import (
@@ -80,7 +80,17 @@ class Estimate(BaseModel):
     hardware_flops_per_iteration: float
     breakdown: Breakdown
     critical_stage: int
-    layer: LayerTimesOut = Field(description="One transformer layer, one micro-batch, one TP rank.")
+    layer: LayerTimesOut = Field(description="One transformer layer, one micro-batch, one TP rank (of an MoE model: "
+                                             "the kind most of its layers are).")
+    moe_layer: LayerTimesOut | None = Field(None, description="One MoE layer (router, dispatch, experts, combine), "
+                                                              "for a mixture-of-experts model.")
+    expert_dispatch_s: float | None = Field(
+        None, description="Of the iteration, the critical stage's time in the MoE token dispatch and combine "
+                          "collectives (all-to-all, or all-gather and reduce-scatter), on the communication stream; "
+                          "the experts wait for them. None for a dense model.")
+    moe_load_imbalance: float | None = Field(
+        None, description="The busiest expert rank's tokens over the balanced share that the MoE layers were planned "
+                          "for (the model's moe_load_imbalance). None for a dense model.")
     memory: MemoryPlan
     num_gpus: int
     tokens: float | None = None
@@ -106,36 +116,79 @@ class Simulation:
     engine: EngineResult
     layer: LayerTimes
     extras: StageExtraTimes
+    moe_layer: LayerTimes | None = None
+
+    def layer_of(self, moe: bool) -> LayerTimes:
+        return self.moe_layer if moe and self.moe_layer is not None else self.layer
 
 
 def model_flops_per_sequence(job: Job) -> float:
-    """Forward + backward model FLOPs of one sequence (Korthikanti Eq. 7, generalised to GQA/SwiGLU).
+    """Forward + backward model FLOPs of one sequence (Korthikanti Eq. 7, generalised to GQA/SwiGLU and
+    to mixture-of-experts layers, which count the parameters a token passes: the router, its top-k
+    experts and the shared experts, not every expert).
 
     Attention scores and context count the full s x s product, as the paper does, even when a
     causal kernel skips half of it.
     """
     m = job.model
-    s, h = m.seq_length, m.hidden_size
-    weights = m.layer_parameters() - 2 * m.norm_parameters()
-    biases = (m.hidden_size + 2 * m.kv_size + m.hidden_size + (2 if m.swiglu else 1) * m.ffn_size + m.hidden_size
-              if m.add_bias_linear else 0)
-    matmul_params = weights - biases
-    layer = 2 * s * matmul_params + 4 * s * s * h
-    logits = 2 * s * h * m.vocab_size
-    return 3.0 * (m.num_layers * layer + logits)
+    s = m.seq_length
+
+    def layer(moe: bool) -> float:
+        return 2 * s * _matmul_parameters(m, moe) + 4 * s * s * m.q_size
+
+    moe_layers = m.num_moe_layers
+    logits = 2 * s * m.hidden_size * m.vocab_size
+    return 3.0 * ((m.num_layers - moe_layers) * layer(False) + (moe_layers * layer(True) if moe_layers else 0)
+                  + logits)
+
+
+def _matmul_parameters(m, moe: bool) -> int:
+    """A layer's weight-matrix parameters one token multiplies with (active ones for an MoE layer)."""
+    def mlp_biases(ffn: int) -> int:
+        return (2 if m.swiglu else 1) * ffn + m.hidden_size
+
+    weights = m.layer_parameters(moe=moe, active=True) - 2 * m.norm_parameters() - (
+        2 * m.head_dim if m.qk_layernorm else 0)
+    if not m.add_bias_linear:
+        return weights
+    biases = m.q_size + 2 * m.kv_size + m.hidden_size
+    if moe:
+        biases += m.moe_router_topk * mlp_biases(m.expert_ffn_size)
+        if m.moe_shared_expert_intermediate_size:
+            biases += mlp_biases(m.moe_shared_expert_intermediate_size)
+    else:
+        biases += mlp_biases(m.ffn_size)
+    return weights - biases
 
 
 def recompute_flops_per_iteration(job: Job) -> float:
     """FLOPs replayed by recompute in one iteration, all GPUs together."""
     from simulator.layers import ordered_ops, transformer_layer
 
-    per_rank = sum(op.flops for op in ordered_ops(transformer_layer(job.model, job.plan).recompute))
-    if per_rank == 0:
-        return 0.0
     plan = job.plan
-    layers = sum(_recomputed_layers(job, n) for stage in job.chunk_layers for n in stage)
+    if plan.recompute.granularity is RecomputeGranularity.none:
+        return 0.0
+    per_rank = {moe: sum(op.flops for op in ordered_ops(transformer_layer(job.model, plan, moe).recompute))
+                for moe in ((False, True) if job.model.is_moe else (False,))}
+    flops = 0.0
+    for stage, chunks in enumerate(job.chunk_layers):
+        for c, n in enumerate(chunks):
+            rec = _recomputed_layers(job, n)
+            for moe, _, replayed in _replayed_runs(job.chunk_runs(stage, c), rec):
+                flops += per_rank[moe] * replayed
     micro_batches = plan.global_batch_size // plan.micro_batch_size
-    return per_rank * plan.tensor_parallel_size * plan.context_parallel_size * layers * micro_batches
+    # each rank of a TP x CP group replays its part; expert work is per rank too (tokens x k copies)
+    return flops * plan.tensor_parallel_size * plan.context_parallel_size * micro_batches
+
+
+def _replayed_runs(runs: tuple[tuple[bool, int], ...], recomputed: int) -> list[tuple[bool, int, int]]:
+    """A chunk's runs as (MoE, layers, of them recomputed): recompute covers the chunk's first
+    ``recomputed`` layers (all of them, but for full/block)."""
+    out, seen = [], 0
+    for moe, k in runs:
+        out.append((moe, k, max(0, min(k, recomputed - seen))))
+        seen += k
+    return out
 
 
 def _recomputed_layers(job: Job, chunk_layers: int) -> int:
@@ -147,12 +200,19 @@ def _recomputed_layers(job: Job, chunk_layers: int) -> int:
     return chunk_layers
 
 
-def _dp_time(cost, job: Job, kind: CollectiveKind, nbytes: float) -> float:
-    """A collective over the ranks that hold the same parameters (DP x CP, TP ranks apart)."""
-    d = job.plan.gradient_group_size
-    if d == 1 or nbytes <= 0:
+def _dp_time(cost, job: Job, kind: CollectiveKind, nbytes: float, expert: bool = False) -> float:
+    """A collective over the ranks that hold the same parameters: DP x CP, TP ranks apart; ``expert``:
+    the expert-data-parallel ranks that hold the same experts (ETP x EP ranks apart)."""
+    if nbytes <= 0:
         return 0.0
-    return cost.collective_time_s(kind, int(nbytes), Group(size=d, stride=job.plan.tensor_parallel_size))
+    plan = job.plan
+    if expert:  # etp x ep x edp decompose a stage's tp x cp x dp ranks (Megatron's expert rank generator)
+        d, stride = plan.expert_data_parallel_size, plan.expert_tp_size * plan.expert_model_parallel_size
+    else:
+        d, stride = plan.gradient_group_size, plan.tensor_parallel_size
+    if d == 1:
+        return 0.0
+    return cost.collective_time_s(kind, int(nbytes), Group(size=d, stride=stride))
 
 
 def _p2p_times(cost, job: Job) -> tuple[float, ...]:
@@ -190,29 +250,35 @@ def grad_buckets(job: Job, params: float) -> int:
     return max(1, math.ceil(params / size))
 
 
-def _optimizer_time(cost, job: Job, params: int, first_forward_s: float) -> float:
+def _optimizer_time(cost, job: Job, params: int, first_forward_s: float, expert_params: int = 0) -> float:
     """The optimizer step; with the distributed optimizer, the all-gather of the updated bf16
     parameters, which ``overlap_param_gather`` issues bucket by bucket during the next forward: only
-    the first bucket, and what the forward step cannot cover, stays exposed."""
+    the first bucket, and what the forward step cannot cover, stays exposed. Of ``params``,
+    ``expert_params`` are sharded and gathered over the expert-data-parallel group instead."""
     plan = job.plan
-    shard = params / plan.gradient_group_size if plan.shards_optimizer else params
+    dense = params - expert_params
+    shard = (dense / plan.gradient_group_size + expert_params / plan.expert_data_parallel_size
+             if plan.shards_optimizer else params)
     step = cost.op_time_s(Op("optimizer", OpKind.elementwise, bytes_moved=shard * OPTIMIZER_BYTES_PER_PARAM))
     if plan.shards_optimizer and plan.sharding is not DataParallelSharding.optim_grads_params:
         n = grad_buckets(job, params) if plan.overlap_param_gather else 1
-        bucket = _dp_time(cost, job, CollectiveKind.all_gather, params * plan.precision.activation_bytes / n)
+        ab = plan.precision.activation_bytes
+        bucket = (_dp_time(cost, job, CollectiveKind.all_gather, dense * ab / n)
+                  + _dp_time(cost, job, CollectiveKind.all_gather, expert_params * ab / n, expert=True))
         step += bucket + (max(0.0, (n - 1) * bucket - first_forward_s) if plan.overlap_param_gather else 0.0)
     if cost.host is not None:
         step += cost.host.iteration_s
     return step
 
 
-def _step_spans(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes, stage: int, chunk: int) -> tuple[Span, Span]:
+def _step_spans(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraTimes, stage: int,
+                chunk: int) -> tuple[Span, Span]:
     """The forward and backward pipeline steps of one (stage, chunk), as the host issues them.
 
     Each step starts from an empty queue: Megatron synchronises the device at every pipeline
     exchange and when it broadcasts each micro-batch's data. A forward step begins with the
     micro-batch's host work (data, masks, schedule); a step that talks to a neighbour stage ends
-    with the exchange call.
+    with the exchange call. ``layers``: the times of a dense layer (False) and of an MoE layer (True).
     """
     plan, host = job.plan, cost.host
     p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
@@ -225,12 +291,16 @@ def _step_spans(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes, stage: int
     first, last = stage == 0 and chunk == 0, stage == p - 1 and chunk == v - 1
     if first:
         fwd = fwd.then(ext.embedding_forward.span)
-    fwd = fwd.then(lt.forward.span.times(n))
+    runs = job.chunk_runs(stage, chunk)
+    for moe, k in runs:
+        fwd = fwd.then(layers[moe].forward.span.times(k))
     if last:
         fwd = fwd.then(ext.output_forward.span)
         bwd = bwd.then(ext.output_backward.span)
     # backward runs the chunk's layers last to first; block recompute covers the first ones
-    bwd = bwd.then(lt.backward_only.span.times(n - rec)).then(lt.backward.span.times(rec))
+    for moe, k, replayed in reversed(_replayed_runs(runs, rec)):
+        lt = layers[moe]
+        bwd = bwd.then(lt.backward_only.span.times(k - replayed)).then(lt.backward.span.times(replayed))
     if first:
         bwd = bwd.then(ext.embedding_backward.span)
     if p > 1 and host is not None:
@@ -252,17 +322,19 @@ def sequence_parallel_grad_bytes(job: Job, stage: int) -> int:
     return params * plan.grad_bytes
 
 
-def _stage_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes, s: int) -> StageWork:
+def _stage_work(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraTimes, s: int) -> StageWork:
     plan = job.plan
     p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
     grad_kind = CollectiveKind.reduce_scatter if plan.shards_optimizer else CollectiveKind.all_reduce
     tied = not job.model.untie_embeddings_and_output_weights and p > 1
     fwd, bwd, reduce, fwd_wait, bwd_wait, buckets = [], [], [], [], [], []
     stage_params = stage_parameters(job, s)
+    expert_params = stage_expert_parameters(job, s)
     chunk_params = stage_params / v
+    chunk_experts = expert_params / v  # expert gradients: buckets of their own, over the EDP group
     fsdp = plan.sharding is DataParallelSharding.optim_grads_params
     for c in range(v):
-        f, b = _step_spans(job, cost, lt, ext, s, c)
+        f, b = _step_spans(job, cost, layers, ext, s, c)
         fwd_s, bwd_s = f.cold_s, b.cold_s
         nb = grad_buckets(job, chunk_params)
         if fsdp:
@@ -270,16 +342,23 @@ def _stage_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes, s: int) ->
             # prefetching the next while one computes, and reduce-scatters each micro-batch's gradients: the
             # first bucket and what compute cannot cover stay exposed
             nb = max(nb, math.ceil(chunk_params / max(40_000_000, 1_000_000 * plan.gradient_group_size)))
-            gather = nb * _dp_time(cost, job, CollectiveKind.all_gather,
-                                   chunk_params * plan.precision.activation_bytes / nb)
-            scatter = nb * _dp_time(cost, job, CollectiveKind.reduce_scatter, chunk_params * plan.grad_bytes / nb)
+            gather = nb * (_dp_time(cost, job, CollectiveKind.all_gather,
+                                    (chunk_params - chunk_experts) * plan.precision.activation_bytes / nb)
+                           + _dp_time(cost, job, CollectiveKind.all_gather,
+                                      chunk_experts * plan.precision.activation_bytes / nb, expert=True))
+            scatter = nb * (_dp_time(cost, job, CollectiveKind.reduce_scatter,
+                                     (chunk_params - chunk_experts) * plan.grad_bytes / nb)
+                            + _dp_time(cost, job, CollectiveKind.reduce_scatter, chunk_experts * plan.grad_bytes / nb,
+                                       expert=True))
             fwd_s += max(gather / nb, gather - fwd_s)
             bwd_s += max(gather / nb, gather + scatter - bwd_s)
         fwd.append(fwd_s)
         bwd.append(bwd_s)
         fwd_wait.append(f.host_wait_s)
         bwd_wait.append(b.host_wait_s)
-        r = 0.0 if fsdp else nb * _dp_time(cost, job, grad_kind, chunk_params * plan.grad_bytes / nb)
+        r = 0.0 if fsdp else nb * (
+            _dp_time(cost, job, grad_kind, (chunk_params - chunk_experts) * plan.grad_bytes / nb)
+            + _dp_time(cost, job, grad_kind, chunk_experts * plan.grad_bytes / nb, expert=True))
         if tied and ((s == 0 and c == 0) or (s == p - 1 and c == v - 1)):
             embedding_grad_bytes = job.model.vocab_size * job.model.hidden_size // plan.tensor_parallel_size
             r += cost.collective_time_s(CollectiveKind.all_reduce, embedding_grad_bytes * plan.grad_bytes,
@@ -289,21 +368,40 @@ def _stage_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes, s: int) ->
                                         Group(size=plan.tensor_parallel_size, stride=1))
         reduce.append(r)
         buckets.append(nb)
-    return StageWork(tuple(fwd), tuple(bwd), tuple(reduce), _optimizer_time(cost, job, stage_params, fwd[0]),
+    return StageWork(tuple(fwd), tuple(bwd), tuple(reduce),
+                     _optimizer_time(cost, job, stage_params, fwd[0], expert_params),
                      tuple(fwd_wait), tuple(bwd_wait), tuple(buckets))
 
 
-def build_work(job: Job, cost, lt: LayerTimes, ext: StageExtraTimes) -> PipelineWork:
+def layer_kinds(job: Job, cost, lt: LayerTimes | None = None) -> dict[bool, LayerTimes]:
+    """The times of each kind of layer the model has: dense (False; ``lt`` where given) and MoE (True)."""
+    m = job.model
+    kinds = {}
+    if lt is not None or m.num_moe_layers < m.num_layers:
+        kinds[False] = lt if lt is not None else layer_times(job, cost=cost)
+    if m.is_moe:
+        kinds[True] = layer_times(job, cost=cost, moe=True)
+    return kinds
+
+
+def build_work(job: Job, cost, lt: LayerTimes | None, ext: StageExtraTimes,
+               moe_lt: LayerTimes | None = None) -> PipelineWork:
+    """The engine's per-step work; ``lt`` is a dense layer's times, ``moe_lt`` an MoE layer's (each computed
+    where the model has such layers and it is not given)."""
     plan = job.plan
     p = plan.pipeline_parallel_size
-    # a stage's work depends only on its layer count and whether it holds the embedding or the loss
+    layers = layer_kinds(job, cost, lt)
+    if moe_lt is not None:
+        layers[True] = moe_lt
+    # a stage's work depends only on its layers and whether it holds the embedding or the loss
     # (uneven splits aside, the middle stages are one and the same)
     by_kind: dict[tuple, StageWork] = {}
     stages = []
     for s, chunks in enumerate(job.chunk_layers):
-        key = (chunks, s == 0, s == p - 1)
+        runs = job.layer_runs[s] if job.model.is_moe else chunks
+        key = (runs, s == 0, s == p - 1)
         if key not in by_kind:
-            by_kind[key] = _stage_work(job, cost, lt, ext, s)
+            by_kind[key] = _stage_work(job, cost, layers, ext, s)
         stages.append(by_kind[key])
     send = _p2p_times(cost, job) if p > 1 else (0.0,)
     return PipelineWork(tuple(stages), send, plan.overlap_grad_reduce, plan.overlap_p2p_comm)
@@ -314,18 +412,19 @@ def simulate_job(job: Job, profile=None, tokens: float | None = None, record: bo
     """Play one iteration of ``job``; ``layers`` replaces the cost model's per-layer times (e.g. by
     measured ones, to see what the rest of the model makes of them)."""
     cost = cost_model_for(job, profile)
-    lt = layers if layers is not None else layer_times(job, cost=cost)
+    kinds = layer_kinds(job, cost, layers)
+    lt = kinds.get(False, kinds.get(True))
     ext = extra_times(job, cost)
     mem = memory_plan(job)
-    work = build_work(job, cost, lt, ext)
+    work = build_work(job, cost, kinds.get(False), ext, kinds.get(True))
     plan = job.plan
     p, m, v, kind = plan.pipeline_parallel_size, plan.num_micro_batches, plan.virtual_pipeline_stages, plan.schedule.value
     if record:  # the simpy engine keeps every interval for traces and timelines
         result = simulate(build_schedule(p, m, v, kind), work, record=True)
     else:  # the same recurrence without the event machinery (tests hold the two equal)
         result = fast_engine.run(p, m, v, work, kind)
-    est = _summarise(job, cost, lt, ext, work, result, mem, tokens)
-    return Simulation(est, result, lt, ext)
+    est = _summarise(job, cost, kinds, ext, work, result, mem, tokens)
+    return Simulation(est, result, lt, ext, kinds.get(True))
 
 
 def estimate(job: Job, profile=None, tokens: float | None = None) -> Estimate:
@@ -333,17 +432,28 @@ def estimate(job: Job, profile=None, tokens: float | None = None) -> Estimate:
     return simulate_job(job, profile, tokens).estimate
 
 
-def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
+def _moe_dispatch_s(timeline) -> float:
+    """Time a phase's MoE dispatch and combine collectives take on the communication stream."""
+    return sum(iv.end_s - iv.start_s for iv in timeline.intervals
+               if iv.stream is Stream.tp_comm and ".moe." in f".{iv.name}")
+
+
+def _summarise(job, cost, layers, ext, work, result, mem, tokens) -> Estimate:
     plan = job.plan
     p, m = plan.pipeline_parallel_size, plan.num_micro_batches
     T = result.iteration_time_s
     ready = [r.grads_ready_s for r in result.stages]
     crit = max(range(p), key=lambda s: (ready[s], -s))
     r = result.stages[crit]
-    compute = 0.0
-    for n in job.chunk_layers[crit]:
+    compute = dispatch = 0.0
+    for c, n in enumerate(job.chunk_layers[crit]):
         rec = _recomputed_layers(job, n)
-        compute += m * (n * lt.forward.compute_s + rec * lt.backward.compute_s + (n - rec) * lt.backward_only.compute_s)
+        for moe, k, rk in _replayed_runs(job.chunk_runs(crit, c), rec):
+            lt = layers[moe]
+            compute += m * (k * lt.forward.compute_s + rk * lt.backward.compute_s + (k - rk) * lt.backward_only.compute_s)
+            if moe:
+                dispatch += m * (k * _moe_dispatch_s(lt.forward) + rk * _moe_dispatch_s(lt.backward)
+                                 + (k - rk) * _moe_dispatch_s(lt.backward_only))
     if crit == 0:
         compute += m * (ext.embedding_forward.compute_s + ext.embedding_backward.compute_s)
     if crit == p - 1:
@@ -398,7 +508,10 @@ def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
         hardware_flops_per_iteration=hw_flops,
         breakdown=breakdown,
         critical_stage=crit,
-        layer=LayerTimesOut(forward_s=lt.forward_s, backward_s=lt.backward_s, recompute_s=lt.recompute_s),
+        layer=_times_out(layers[job.model.is_moe and 2 * job.model.num_moe_layers >= job.model.num_layers]),
+        moe_layer=_times_out(layers[True]) if job.model.is_moe else None,
+        expert_dispatch_s=dispatch if job.model.is_moe else None,
+        moe_load_imbalance=job.model.moe_load_imbalance if job.model.is_moe else None,
         memory=mem,
         num_gpus=job.num_gpus,
         tokens=tokens,
@@ -407,6 +520,10 @@ def _summarise(job, cost, lt, ext, work, result, mem, tokens) -> Estimate:
         outside_validated_range=bool(validation),
         validation_note=validation,
     )
+
+
+def _times_out(lt: LayerTimes) -> LayerTimesOut:
+    return LayerTimesOut(forward_s=lt.forward_s, backward_s=lt.backward_s, recompute_s=lt.recompute_s)
 
 
 def validation_note(job: Job, mfu: float) -> str:

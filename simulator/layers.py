@@ -77,10 +77,12 @@ class LayerKey:
 
     @staticmethod
     def of(plan: ParallelPlan, moe: bool = False) -> "LayerKey":
-        return LayerKey(plan.tensor_parallel_size, plan.sequence_parallel, plan.micro_batch_size, plan.precision,
-                        plan.use_flash_attention, plan.recompute.granularity, plan.fp8_format is not None,
-                        plan.grad_bytes, plan.tp_comm_overlap, plan.context_parallel_size, plan.cp_comm_type,
-                        moe, plan.expert_model_parallel_size, plan.expert_tp_size,
+        common = (plan.tensor_parallel_size, plan.sequence_parallel, plan.micro_batch_size, plan.precision,
+                  plan.use_flash_attention, plan.recompute.granularity, plan.fp8_format is not None,
+                  plan.grad_bytes, plan.tp_comm_overlap, plan.context_parallel_size, plan.cp_comm_type)
+        if not moe:  # a dense layer does not depend on the expert layout: one graph for every EP
+            return LayerKey(*common)
+        return LayerKey(*common, True, plan.expert_model_parallel_size, plan.expert_tp_size,
                         plan.moe_token_dispatcher_type.value, plan.moe_grouped_gemm)
 
 

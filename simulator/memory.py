@@ -160,6 +160,49 @@ def layer_parameters_per_rank(model: ModelSpec, tensor_parallel_size: int) -> in
     return qkv + proj + mlp_in + mlp_out + 2 * model.norm_parameters()
 
 
+def moe_layer_parameters_per_rank(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
+    """(dense, expert) parameters of one MoE layer on one rank.
+
+    Dense: attention and the shared experts split over TP as a dense layer's, the norms, and the
+    router (h x experts, replicated on every rank). Expert: the rank's ``num_experts / EP`` routed
+    experts, each split over ETP as a column-parallel fc1 and a row-parallel fc2 (whose bias is
+    replicated). Expert parameters are held by the expert-data-parallel ranks only, which is the
+    group their gradients are reduced and their optimizer state sharded over.
+    """
+    return _moe_layer_parameters(model, *_expert_key(plan))
+
+
+@lru_cache(maxsize=4096)
+def _moe_layer_parameters(model: ModelSpec, t: int, ep: int, etp: int) -> tuple[int, int]:
+    h = model.hidden_size
+    attention = layer_parameters_per_rank(model, t) - _mlp_per_rank(model, model.ffn_size, t)
+    dense = attention + h * model.num_experts
+    if model.moe_shared_expert_intermediate_size:
+        dense += _mlp_per_rank(model, model.moe_shared_expert_intermediate_size, t)
+    expert = model.num_experts // ep * _mlp_per_rank(model, model.expert_ffn_size, etp)
+    return dense, expert
+
+
+def _mlp_per_rank(model: ModelSpec, ffn: int, t: int) -> int:
+    f, h, bias = ffn // t, model.hidden_size, model.add_bias_linear
+    return (2 if model.swiglu else 1) * (h * f + (f if bias else 0)) + f * h + (h if bias else 0)
+
+
+def stage_moe_layers(job: Job, stage: int) -> int:
+    """MoE layers among the stage's transformer layers."""
+    return job.moe_layers_per_stage[stage]
+
+
+def stage_expert_parameters(job: Job, stage: int) -> int:
+    """Of ``stage_parameters``, the routed experts' (sharded over EP, replicated over EDP)."""
+    n = stage_moe_layers(job, stage)
+    return n * _moe_layer_parameters(job.model, *_expert_key(job.plan))[1] if n else 0
+
+
+def _expert_key(plan: ParallelPlan) -> tuple[int, int, int]:
+    return plan.tensor_parallel_size, plan.expert_model_parallel_size, plan.expert_tp_size
+
+
 def stage_parameters(job: Job, stage: int) -> int:
     """Parameters one GPU of ``stage`` holds.
 
@@ -170,7 +213,10 @@ def stage_parameters(job: Job, stage: int) -> int:
     """
     model, plan = job.model, job.plan
     t, p = plan.tensor_parallel_size, plan.pipeline_parallel_size
-    n = job.layers_per_stage[stage] * layer_parameters_per_rank(model, t)
+    moe = stage_moe_layers(job, stage)
+    n = (job.layers_per_stage[stage] - moe) * layer_parameters_per_rank(model, t)
+    if moe:
+        n += moe * sum(_moe_layer_parameters(model, *_expert_key(plan)))
     word = model.vocab_size * model.hidden_size // t
     if stage == 0:
         n += word
@@ -183,22 +229,23 @@ def stage_parameters(job: Job, stage: int) -> int:
     return n
 
 
-def _state_bytes(parameters: int, plan: ParallelPlan) -> tuple[int, int, int]:
+def _state_bytes(parameters: int, plan: ParallelPlan, group: int | None = None) -> tuple[int, int, int]:
     """(weights, gradients, optimizer) bytes for ``parameters`` under the plan's precision.
 
     Mixed precision: 2-byte weights, a 4-byte fp32 gradient buffer and 12 bytes of optimizer state
     (fp32 master copy, Adam m and v) = 18 bytes per parameter; the distributed optimizer shards the
     12 bytes over DP (Megatron's 6 + 12/d). Under fp16 Megatron keeps the gradient buffer in fp16
     unless told to accumulate in fp32 (``ParallelPlan.grad_bytes``). fp32: 4 + 4 + 8 (no master copy).
-    Sharded data parallelism shards over the DP x CP ranks: the optimizer state (optim), and the
-    gradients (optim_grads), and the weights (optim_grads_params).
+    Sharded data parallelism shards over the DP x CP ranks (``group``: the expert-data-parallel ranks
+    for expert parameters): the optimizer state (optim), and the gradients (optim_grads), and the
+    weights (optim_grads_params).
     """
     if plan.precision is Precision.fp32:
         weight, grad, state = 4, 4, 8
     else:
         weight, grad, state = 2, plan.grad_bytes, 12
     weights, grads, optimizer = parameters * weight, parameters * grad, parameters * state
-    d, level = plan.gradient_group_size, plan.sharding
+    d, level = (group if group is not None else plan.gradient_group_size), plan.sharding
     if level is not DataParallelSharding.no_shard:
         optimizer = -(-optimizer // d)
     if level in (DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params):
@@ -222,9 +269,10 @@ def _sharding_buffers(parameters: int, plan: ParallelPlan) -> int:
 # --- activations ---------------------------------------------------------------------------------
 
 
-def _layer_saved_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int, int]:
-    """Bytes one layer saves for one micro-batch: (no recompute, selective, full = its input)."""
-    return _saved_bytes(model, LayerKey.of(plan))[0]
+def _layer_saved_bytes(model: ModelSpec, plan: ParallelPlan, moe: bool = False) -> tuple[int, int, int]:
+    """Bytes one layer (``moe``: an MoE layer) saves for one micro-batch: (no recompute, selective, full =
+    its input)."""
+    return _saved_bytes(model, LayerKey.of(plan, moe))[0]
 
 
 def _extras_saved_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
@@ -239,7 +287,7 @@ def _saved_bytes(model: ModelSpec, key: LayerKey) -> tuple[tuple[int, int, int],
     return layer, (_embedding_extras(model, key).activation_bytes(), _output_extras(model, key).activation_bytes())
 
 
-def chunk_activations(job: Job, layers: int) -> tuple[int, int]:
+def chunk_activations(job: Job, layers: int | tuple[tuple[bool, int], ...]) -> tuple[int, int]:
     """(saved bytes, transient bytes) of one micro-batch through a chunk of ``layers`` layers.
 
     none/selective: every layer keeps what ``LayerGraph.saved_tensors`` lists; selective replays the
@@ -250,17 +298,36 @@ def chunk_activations(job: Job, layers: int) -> tuple[int, int]:
     everything; recomputing one checkpointed layer is the transient.
     The replayed first norm saves the very tensor the checkpoint kept (its input), so the
     transient of a full-recompute group is one layer input less than its tensors.
+    ``layers``: a count of dense layers, or the chunk's runs of (MoE layer, count) in forward order
+    (``Job.chunk_runs``); a group of mixed layers is taken at its heaviest kind.
     """
-    everything, kept, layer_input = _layer_saved_bytes(job.model, job.plan)
-    policy = job.plan.recompute
+    runs = ((False, layers),) if isinstance(layers, int) else layers
+    return _chunk_activations(job.model, LayerKey.of(job.plan), job.plan.recompute, runs,
+                              LayerKey.of(job.plan, moe=True) if job.model.is_moe else None)
+
+
+@lru_cache(maxsize=16384)
+def _chunk_activations(model: ModelSpec, key: LayerKey, policy, runs: tuple[tuple[bool, int], ...],
+                       moe_key: LayerKey | None = None) -> tuple[int, int]:
+    saved = {moe: _saved_bytes(model, key if moe == key.moe else moe_key)[0] for moe in {m for m, _ in runs}}
+    n = sum(k for _, k in runs)
+    if not saved:
+        return 0, 0
+    layer_input = next(iter(saved.values()))[2]
     if policy.granularity is RecomputeGranularity.none:
-        return layers * everything, 0
+        return sum(k * saved[m][0] for m, k in runs), 0
     if policy.granularity is RecomputeGranularity.selective:
-        return layers * kept, everything - kept
-    k = min(policy.num_layers, layers)
+        return sum(k * saved[m][1] for m, k in runs), max(x[0] - x[1] for x in saved.values())
+    k = min(policy.num_layers, n)
+    heaviest = max(x[0] for x in saved.values())
     if policy.method is RecomputeMethod.uniform:
-        return -(-layers // k) * layer_input, k * everything - layer_input
-    return k * layer_input + (layers - k) * everything, everything - layer_input
+        return -(-n // k) * layer_input, k * heaviest - layer_input
+    # block: the first k layers keep their input, the rest everything
+    kept, seen = k * layer_input, 0
+    for moe, count in runs:
+        kept += max(0, min(count, seen + count - k)) * saved[moe][0]
+        seen += count
+    return kept, heaviest - layer_input
 
 
 def _reserve(activations: int, transient: int) -> int:
@@ -282,12 +349,23 @@ def _stage_bytes(job: Job, stage: int) -> dict[str, int]:
     p, m, v = plan.pipeline_parallel_size, plan.num_micro_batches, plan.virtual_pipeline_stages
     gpipe = plan.schedule is PipelineSchedule.gpipe
     params = stage_parameters(job, stage)
-    weights, gradients, optimizer = _state_bytes(params, plan)
+    experts = stage_expert_parameters(job, stage)
+    weights, gradients, optimizer = _state_bytes(params - experts, plan)
+    if experts:
+        w, g, o = _state_bytes(experts, plan, plan.expert_data_parallel_size)
+        weights, gradients, optimizer = weights + w, gradients + g, optimizer + o
 
     chunks = in_flight_chunks(stage, plan)
-    per_chunk, transient = chunk_activations(job, job.layers_per_chunk[stage])
+    key = LayerKey.of(plan)
+    if job.model.is_moe:  # chunks of a stage may hold different kinds of layers: the heaviest sets the peak
+        moe_key = LayerKey.of(plan, moe=True)
+        per_chunk, transient = max(_chunk_activations(job.model, key, plan.recompute, runs, moe_key)
+                                   for runs in job.layer_runs[stage])
+    else:
+        per_chunk, transient = _chunk_activations(job.model, key, plan.recompute,
+                                                  ((False, job.layers_per_chunk[stage]),))
     extras = 0
-    embedding, output = _extras_saved_bytes(job.model, plan)
+    embedding, output = _saved_bytes(job.model, key)[1]
     if stage == 0:
         extras += embedding * chunk_in_flight(0, 0, p, m, v, gpipe)
     if stage == p - 1:
@@ -329,6 +407,8 @@ __all__ = [
     "in_flight_chunks",
     "layer_parameters_per_rank",
     "memory_plan",
+    "moe_layer_parameters_per_rank",
+    "stage_expert_parameters",
     "stage_memory",
     "stage_parameters",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from functools import cached_property
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -134,7 +135,7 @@ class ModelSpec(BaseModel):
         freq = self.moe_layer_freq
         return bool(freq[index]) if isinstance(freq, tuple) else index % freq == 0
 
-    @property
+    @cached_property
     def num_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 

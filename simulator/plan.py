@@ -8,7 +8,7 @@ Rules that need only the plan are validators here; rules that need the model or 
 from __future__ import annotations
 
 from enum import Enum
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -458,7 +458,7 @@ class Job(BaseModel):
     def num_nodes(self) -> int:
         return -(-self.num_gpus // self.cluster.gpus_per_node)
 
-    @property
+    @cached_property
     def chunk_layers(self) -> tuple[tuple[int, ...], ...]:
         """Transformer layers of each model chunk of each stage, ``[stage][chunk]``, as Megatron splits them."""
         plan = self.plan
@@ -468,11 +468,31 @@ class Job(BaseModel):
                plan.pipeline_layer_split)
         return _split(*key)
 
-    @property
+    @cached_property
     def layers_per_stage(self) -> tuple[int, ...]:
         return tuple(sum(c) for c in self.chunk_layers)
 
-    @property
+    def chunk_first_layer(self, stage: int, chunk: int) -> int:
+        """The global index of a chunk's first layer: model chunks in order, chunk-major (Megatron's
+        ``get_transformer_layer_offset``), so uneven chunks shift every later one."""
+        return _chunk_offsets(self.chunk_layers)[stage][chunk]
+
+    def chunk_runs(self, stage: int, chunk: int) -> tuple[tuple[bool, int], ...]:
+        """A chunk's layers in forward order as runs of (is an MoE layer, how many): ``((False, n),)`` for
+        a dense model, so a chunk costs one step per run, whatever its layer count."""
+        return self.layer_runs[stage][chunk]
+
+    @cached_property
+    def layer_runs(self) -> tuple[tuple[tuple[tuple[bool, int], ...], ...], ...]:
+        """``chunk_runs`` of every chunk, ``[stage][chunk]``."""
+        return _layer_runs(self.model, self.chunk_layers)
+
+    @cached_property
+    def moe_layers_per_stage(self) -> tuple[int, ...]:
+        """MoE layers among each stage's transformer layers."""
+        return _moe_layers_per_stage(self.model, self.chunk_layers)
+
+    @cached_property
     def layers_per_chunk(self) -> tuple[int, ...]:
         """The largest model chunk of each stage (chunks differ only when the embedding or loss takes a slot)."""
         return tuple(max(c) for c in self.chunk_layers)
@@ -482,3 +502,42 @@ class Job(BaseModel):
 def _split(layers, p, v, first, last, embedding, loss, explicit) -> tuple[tuple[int, ...], ...]:
     return chunk_layers(layers, p, v, first=first, last=last, account_for_embedding=embedding,
                         account_for_loss=loss, explicit=explicit)
+
+
+@lru_cache(maxsize=4096)
+def _layer_runs(model: ModelSpec, split: tuple[tuple[int, ...], ...]):
+    offsets = _chunk_offsets(split)
+    return tuple(tuple(_runs(model, offsets[s][c], n) for c, n in enumerate(row)) for s, row in enumerate(split))
+
+
+@lru_cache(maxsize=4096)
+def _moe_layers_per_stage(model: ModelSpec, split: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    if not model.is_moe:
+        return (0,) * len(split)
+    return tuple(sum(k for runs in row for moe, k in runs if moe) for row in _layer_runs(model, split))
+
+
+@lru_cache(maxsize=65536)
+def _runs(model: ModelSpec, first: int, n: int) -> tuple[tuple[bool, int], ...]:
+    if not model.is_moe:
+        return ((False, n),) if n else ()
+    runs: list[list] = []
+    for i in range(first, first + n):
+        moe = model.is_moe_layer(i)
+        if runs and runs[-1][0] == moe:
+            runs[-1][1] += 1
+        else:
+            runs.append([moe, 1])
+    return tuple((m, k) for m, k in runs)
+
+
+@lru_cache(maxsize=4096)
+def _chunk_offsets(split: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    p, v = len(split), len(split[0])
+    first = [[0] * v for _ in range(p)]
+    offset = 0
+    for c in range(v):
+        for s in range(p):
+            first[s][c] = offset
+            offset += split[s][c]
+    return tuple(tuple(row) for row in first)

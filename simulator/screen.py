@@ -8,7 +8,7 @@ from __future__ import annotations
 from simulator.engine import PipelineWork
 from simulator.estimate import build_work
 from simulator.plan import Job
-from simulator.timing import cost_model_for, extra_times, layer_times
+from simulator.timing import cost_model_for, extra_times
 
 
 def fast_iteration_time_s(work: PipelineWork, num_micro_batches: int) -> float:
@@ -42,5 +42,5 @@ def fast_iteration_time_s(work: PipelineWork, num_micro_batches: int) -> float:
 def screen(job: Job, profile=None) -> float:
     """The closed-form iteration time of ``job`` (the search's fast tier)."""
     cost = cost_model_for(job, profile)
-    work = build_work(job, cost, layer_times(job, cost=cost), extra_times(job, cost))
+    work = build_work(job, cost, None, extra_times(job, cost))  # the layer times of each kind the model has
     return fast_iteration_time_s(work, job.plan.num_micro_batches)

@@ -29,6 +29,7 @@ from simulator.plan import (
     DataParallelSharding,
     Fp8Format,
     Job,
+    MoEDispatcher,
     ParallelPlan,
     Precision,
     RecomputeGranularity,
@@ -58,6 +59,8 @@ class SearchPins(BaseModel):
     recompute_granularity: RecomputeGranularity | None = None
     use_distributed_optimizer: bool | None = None
     context_parallel_size: int | None = None
+    expert_model_parallel_size: int | None = None
+    expert_tensor_parallel_size: int | None = None
 
 
 class SearchRequest(BaseModel):
@@ -182,11 +185,15 @@ def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
     cps = [1] + [cp for cp in CP_SIZES
                  if req.use_flash_attention and s % (2 * cp) == 0 and s // cp >= CP_MIN_TOKENS_PER_RANK]
     backend = AttentionBackend.auto if req.use_flash_attention else AttentionBackend.unfused
+    # MoE plans exchange tokens all-to-all with the experts run as one grouped GEMM, as Megatron-Core
+    # recommends for expert parallelism
+    moe = dict(moe_token_dispatcher_type=MoEDispatcher.alltoall, moe_grouped_gemm=True) if m.is_moe else {}
     # every candidate is this template with its own layout: copying one plan is far cheaper than
     # building each from its defaults (built at one sequence, which every rule allows, then given the batch)
     template = ParallelPlan(global_batch_size=1, precision=req.precision, fp8_format=req.fp8_format,
                             use_flash_attention=req.use_flash_attention, attention_backend=backend,
-                            overlap_grad_reduce=req.overlap_grad_reduce).model_copy(update={"global_batch_size": gbs})
+                            overlap_grad_reduce=req.overlap_grad_reduce, **moe).model_copy(
+                                update={"global_batch_size": gbs})
     for t in _pinned(tps, pins.tensor_parallel_size):
         for cp in _pinned(cps, pins.context_parallel_size):
             for p in _pinned(range(1, L + 1), pins.pipeline_parallel_size):
@@ -203,7 +210,25 @@ def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
                             continue
                         for split in pipeline_splits(L, p, v):
                             chunk = max(max(c_) for c_ in _split_layers(L, p, v, split))
-                            yield from _variants(template, pins, t, cp, p, d, v, mbs, split, chunk)
+                            for ep, etp in _expert_layouts(m, c.gpus_per_node, pins, t, cp, d):
+                                yield from _variants(template, pins, t, cp, p, d, v, mbs, split, chunk, ep, etp)
+
+
+def _expert_layouts(m: ModelSpec, gpus_per_node: int, pins: SearchPins, t: int, cp: int,
+                    d: int) -> list[tuple[int, int | None]]:
+    """(EP, ETP) pairs for a stage of t x cp x d ranks: EP any divisor of the experts that, with ETP, tiles
+    the stage's ranks (Megatron's expert rank generator); ETP either 1 (whole experts, Megatron-Core's
+    advice for fine-grained experts) or the dense layers' TP (its default). A dense model has (1, None)."""
+    if not m.is_moe:
+        return [(1, None)]
+    out = []
+    for etp in _pinned(sorted({1, t}), pins.expert_tensor_parallel_size):
+        if m.expert_ffn_size % etp or etp > gpus_per_node:
+            continue
+        for ep in _pinned(_divisors(m.num_experts), pins.expert_model_parallel_size):
+            if (t * cp * d) % (etp * ep) == 0:
+                out.append((ep, None if etp == t else etp))
+    return out
 
 
 def _split_layers(L: int, p: int, v: int, split: dict) -> tuple[tuple[int, ...], ...]:
@@ -214,8 +239,9 @@ def _split_layers(L: int, p: int, v: int, split: dict) -> tuple[tuple[int, ...],
 
 
 def _variants(template: ParallelPlan, pins: SearchPins, t: int, cp: int, p: int, d: int, v: int, mbs: int, split: dict,
-              chunk: int) -> Iterator[ParallelPlan]:
-    sps = [False, True] if t > 1 else [False]
+              chunk: int, ep: int = 1, etp: int | None = None) -> Iterator[ParallelPlan]:
+    # expert parallelism beside tensor parallelism needs sequence parallelism (Megatron's rule)
+    sps = ([True] if ep > 1 else [False, True]) if t > 1 else [False]
     shardings = [DataParallelSharding.no_shard, DataParallelSharding.optim] if d * cp > 1 else [DataParallelSharding.no_shard]
     if d * cp > 1 and p == 1:  # Megatron-FSDP's deeper levels, which do not combine with pipelining
         shardings += [DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params]
@@ -227,6 +253,7 @@ def _variants(template: ParallelPlan, pins: SearchPins, t: int, cp: int, p: int,
                 yield template.model_copy(update=dict(
                     tensor_parallel_size=t, context_parallel_size=cp, pipeline_parallel_size=p, data_parallel_size=d,
                     virtual_pipeline_stages=v, sequence_parallel=sp, micro_batch_size=mbs, recompute=rec,
+                    expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
                     overlap_p2p_comm=v > 1,  # Megatron's default: interleaved schedules overlap their sends
                     use_distributed_optimizer=sharding is not DataParallelSharding.no_shard,
                     data_parallel_sharding_strategy=(sharding if sharding in (DataParallelSharding.optim_grads,
@@ -241,7 +268,54 @@ def peak_bytes(job: Job) -> int:
     stages = {0, p - 1}
     if len(set(job.layers_per_stage)) > 1:  # a fuller second stage can outweigh a lighter first
         stages |= {min(1, p - 1), max(p - 2, 0)}
+    if job.model.is_moe and p > 2:  # stages may hold other mixes of dense and MoE layers: one of each mix
+        runs = job.layer_runs
+        mixes = {runs[s]: s for s in range(p - 2, 0, -1) if runs[s] not in (runs[0], runs[p - 1])}
+        stages |= set(mixes.values())
     return max(stage_peak_bytes(job, s) for s in stages)
+
+
+def _fewest_checkpointed_layers(plans: list[ParallelPlan]) -> list:
+    """An MoE model multiplies the space by EP and ETP. There each layout's block-recompute plans are
+    gathered (in place of the first) into one list, of which only the plan with the fewest checkpointed
+    layers that fits is screened: each layer more only adds recompute time and saves memory."""
+    out: list = []
+    groups: dict[tuple, list] = {}
+    for plan in plans:
+        if plan.recompute.method is not RecomputeMethod.block:
+            out.append(plan)
+            continue
+        key = (plan.tensor_parallel_size, plan.context_parallel_size, plan.pipeline_parallel_size,
+               plan.data_parallel_size, plan.virtual_pipeline_stages, plan.micro_batch_size, plan.sequence_parallel,
+               plan.data_parallel_sharding_strategy, plan.use_distributed_optimizer, plan.expert_model_parallel_size,
+               plan.expert_tensor_parallel_size, plan.decoder_first_pipeline_num_layers,
+               plan.account_for_embedding_in_pipeline_split)
+        if key not in groups:
+            groups[key] = []
+            out.append(groups[key])
+        groups[key].append(plan)
+    return out
+
+
+def _first_that_fits(req: SearchRequest, plans: list[ParallelPlan], capacity: int, closest: "_Closest"):
+    """The plan of ``plans`` (more checkpointed layers, less memory, one after another) with the fewest
+    checkpointed layers that fits, found by bisection; None (noting the closest miss) when none fits."""
+    def peak(plan: ParallelPlan) -> int:
+        return peak_bytes(Job.model_construct(model=req.model, cluster=req.cluster, plan=plan))
+
+    lo, hi = 0, len(plans) - 1
+    last = peak(plans[hi])
+    if last > capacity:
+        if last - capacity < closest.overflow_bytes:
+            closest.overflow_bytes, closest.plan, closest.peak = last - capacity, plans[hi], last
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if peak(plans[mid]) <= capacity:
+            hi = mid
+        else:
+            lo = mid + 1
+    return plans[lo]
 
 
 @dataclass
@@ -283,9 +357,15 @@ def search(req: SearchRequest, profile=None, tokens: float | None = None, top: i
     closest = _Closest()
     candidates = list(enumerate_plans(req))
     enumerated = len(candidates)
+    if req.model.is_moe:
+        candidates = _fewest_checkpointed_layers(candidates)
     for i, plan in enumerate(candidates, 1):
         if progress is not None and i % 256 == 0:
-            progress("screening", i, enumerated)
+            progress("screening", i, len(candidates))
+        if isinstance(plan, list):  # one layout's block recomputes, fewest checkpointed layers first
+            plan = _first_that_fits(req, plan, capacity, closest)
+            if plan is None:
+                continue
         job = Job.model_construct(model=req.model, cluster=req.cluster, plan=plan)
         peak = peak_bytes(job)
         if peak > capacity:

@@ -227,10 +227,11 @@ def _layer_times(layer: LayerGraph, cost: OpCoster) -> LayerTimes:
     return LayerTimes(fwd.steady_s, bwd_only.steady_s, both.steady_s - bwd_only.steady_s, fwd, both, bwd_only)
 
 
-def layer_times(job: Job, profile=None, cost: OpCoster | None = None) -> LayerTimes:
-    """Forward, backward and recompute time of one transformer layer for one micro-batch."""
+def layer_times(job: Job, profile=None, cost: OpCoster | None = None, moe: bool = False) -> LayerTimes:
+    """Forward, backward and recompute time of one transformer layer (``moe``: one whose MLP is the
+    model's mixture of experts) for one micro-batch."""
     cost = cost if cost is not None else cost_model_for(job, profile)
-    return _layer_times(transformer_layer(job.model, job.plan), cost)
+    return _layer_times(transformer_layer(job.model, job.plan, moe), cost)
 
 
 @dataclass(frozen=True)
