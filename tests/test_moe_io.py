@@ -66,3 +66,22 @@ def test_the_job_takes_the_expert_layouts_megatron_builds():
     # EP 1 with TP needs no SP; ETP across nodes when insisted on
     job(MIXTRAL, tensor_parallel_size=2)
     job(MIXTRAL, data_parallel_size=16, expert_tensor_parallel_size=16, allow_tp_across_nodes=True)
+
+
+# --- the deepseek-v3-style preset ----------------------------------------------------------------
+
+def test_deepseek_v3_style_has_its_expert_layout_and_the_counts_its_comment_states():
+    m = PRESETS["deepseek-v3-style"]
+    assert (m.num_layers, m.hidden_size, m.num_experts, m.moe_router_topk, m.expert_ffn_size) == (61, 7168, 256, 8, 2048)
+    assert m.moe_shared_expert_intermediate_size == 2048 and m.ffn_size == 18432
+    assert [m.is_moe_layer(i) for i in range(5)] == [False, False, False, True, True] and m.num_moe_layers == 58
+    assert (m.q_size, m.query_groups, m.kv_size, m.vocab_size) == (16384, 8, 1024, 129280)
+    assert m.untie_embeddings_and_output_weights and not m.add_bias_linear and m.swiglu
+    # the comment in simulator/presets.py: 674.8B total, 41.4B active (published 671B / 37B with MLA)
+    assert m.num_parameters() == pytest.approx(674.8e9, rel=0.01)
+    assert m.num_parameters(active=True) == pytest.approx(41.4e9, rel=0.01)
+    # with MLA's 187.1M attention parameters a layer in place of these, the published counts come back
+    mla = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * (512 + 64) + 512 + 512 * 128 * 256 + 128 * 128 * 7168
+    extra = 61 * (m.attention_parameters() - mla)
+    assert m.num_parameters() - extra == pytest.approx(671e9, rel=0.005)
+    assert m.num_parameters(active=True) - extra == pytest.approx(37e9, rel=0.02)
