@@ -91,6 +91,19 @@ def check_pins(req) -> None:
     build(Job, {"model": req.model, "cluster": req.cluster, "plan": probe}, "pinned plan")
 
 
+def check_expert_pins_held(req, result) -> None:
+    """Refuse to print plans that do not have the pinned expert layout (a search that does not place
+    experts returns EP 1 whatever was pinned): a wrong answer is worse than none."""
+    from simulator.errors import InfeasiblePlanError
+
+    pins = req.pins
+    for flag, key, pinned in (("--ep", "expert_model_parallel_size", pins.expert_model_parallel_size),
+                              ("--etp", "expert_tp_size", pins.expert_tensor_parallel_size)):
+        if pinned is not None and any(getattr(r.plan, key) != pinned for r in result.plans):
+            raise InfeasiblePlanError(f"the search did not hold {flag} {pinned} in the plans it found (it does not "
+                                      "place experts yet); give the layout to `simulator plan` instead")
+
+
 @click.command("search", epilog=EXAMPLES)
 @click.option("--model", default="gpt3-175b", show_default=True, metavar="NAME|FILE", help="Model preset or file.")
 @click.option("--seq-length", "seq_length", type=SEQ_LENGTH, default=None,
@@ -194,6 +207,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     result = search(req, profile, tokens=tokens, top=top, progress=progress)
     for bar in bars.values():
         bar.close()
+    check_expert_pins_held(req, result)
     best = result.best
     job = Job(model=req.model, cluster=req.cluster, plan=best.plan)
     if pareto_path is not None:

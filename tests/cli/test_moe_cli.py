@@ -152,3 +152,22 @@ def test_random_moe_flags_answer_or_refuse_in_one_sentence(model, flags, data, s
         assert result.exit_code == 2, (args, result.output)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), (args, result.stderr)
+
+
+def test_search_never_prints_plans_without_the_pinned_expert_layout():
+    from types import SimpleNamespace
+
+    from simulator.cli.search_cmd import check_expert_pins_held
+    from simulator.errors import InfeasiblePlanError
+    from simulator.plan import ParallelPlan
+    from simulator.search import SearchPins
+
+    req = SimpleNamespace(pins=SearchPins(expert_model_parallel_size=8, expert_tensor_parallel_size=1))
+    held = ParallelPlan(data_parallel_size=8, global_batch_size=8, expert_model_parallel_size=8,
+                        expert_tensor_parallel_size=1)
+    check_expert_pins_held(req, SimpleNamespace(plans=[SimpleNamespace(plan=held)]))
+    with pytest.raises(InfeasiblePlanError, match="did not hold --ep 8"):
+        check_expert_pins_held(req, SimpleNamespace(plans=[SimpleNamespace(plan=ParallelPlan())]))
+    # ETP left to default to TP holds an ETP pin equal to TP
+    req = SimpleNamespace(pins=SearchPins(expert_tensor_parallel_size=2))
+    check_expert_pins_held(req, SimpleNamespace(plans=[SimpleNamespace(plan=ParallelPlan(tensor_parallel_size=2))]))
