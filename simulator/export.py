@@ -14,13 +14,21 @@ Every output states everything the simulation assumed, with the names current Me
 - interleaving as ``--num-virtual-stages-per-pipeline-rank``, the one form valid with uneven splits;
 - sharded data parallelism: ``optim`` is the distributed optimizer; ``optim_grads`` and
   ``optim_grads_params`` are Megatron-FSDP (``--use-megatron-fsdp``), which also needs the distributed
-  optimizer and no gradient-accumulation fusion, and must not run with CUDA_DEVICE_MAX_CONNECTIONS=1.
+  optimizer and no gradient-accumulation fusion, and must not run with CUDA_DEVICE_MAX_CONNECTIONS=1;
+- mixture of experts: the experts (``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+  the shared experts, which layers have them as ``--moe-layer-freq``, an integer or Megatron's
+  python-list pattern such as ``([0]*3+[1]*58)``, and the capacity factor when tokens are dropped)
+  and their layout (``--expert-model-parallel-size``, ``--expert-tensor-parallel-size`` when it is not
+  TP, the dispatcher, which Megatron defaults to allgather, and ``--moe-grouped-gemm``). The router's
+  load balancing is Megatron's default (aux_loss) and is not printed; the load imbalance the plan
+  assumes is the simulator's own and is stated in its output, not in the launch.
 
 What no flag can say (the tokenizer, GPipe, a node that is not full) is in ``megatron_notes``.
 """
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from simulator.errors import ConfigError
@@ -67,6 +75,44 @@ def layout_string(job: Job) -> str | None:
     return "|".join(stages)
 
 
+def layer_freq_pattern(freq: tuple[int, ...]) -> str:
+    """Megatron's python-list form of a per-layer 0/1 ``--moe-layer-freq``, as short as runs make it:
+    (0, 0, 0, 1, ..., 1) -> '([0]*3+[1]*58)', (1, 0) x 12 -> '([1]+[0])*12'."""
+    n = len(freq)
+    period = next(p for p in range(1, n + 1) if n % p == 0 and freq == freq[:p] * (n // p))
+    runs: list[list[int]] = []
+    for x in freq[:period]:
+        if runs and runs[-1][0] == x:
+            runs[-1][1] += 1
+        else:
+            runs.append([x, 1])
+    body = "+".join(f"[{x}]" + (f"*{k}" if k > 1 else "") for x, k in runs)
+    return f"({body})" + (f"*{n // period}" if n // period > 1 else "")
+
+
+def _moe_args(job: Job) -> list[str]:
+    m, p = job.model, job.plan
+    if not m.is_moe:
+        return []
+    args = [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.moe_router_topk}",
+            f"--moe-ffn-hidden-size {m.expert_ffn_size}"]
+    if m.moe_shared_expert_intermediate_size:
+        args.append(f"--moe-shared-expert-intermediate-size {m.moe_shared_expert_intermediate_size}")
+    if isinstance(m.moe_layer_freq, tuple):
+        args.append(f"--moe-layer-freq {shlex.quote(layer_freq_pattern(m.moe_layer_freq))}")
+    elif m.moe_layer_freq != 1:
+        args.append(f"--moe-layer-freq {m.moe_layer_freq}")
+    if m.moe_expert_capacity_factor is not None:
+        args.append(f"--moe-expert-capacity-factor {_num(m.moe_expert_capacity_factor)}")
+    args.append(f"--expert-model-parallel-size {p.expert_model_parallel_size}")
+    if p.expert_tensor_parallel_size is not None:
+        args.append(f"--expert-tensor-parallel-size {p.expert_tensor_parallel_size}")
+    args.append(f"--moe-token-dispatcher-type {p.moe_token_dispatcher_type.value}")
+    if p.moe_grouped_gemm:
+        args.append("--moe-grouped-gemm")
+    return args
+
+
 def megatron_args(job: Job) -> list[str]:
     """``pretrain_gpt.py`` arguments for the model and plan, one flag (with its value) per string."""
     m, p = job.model, job.plan
@@ -82,6 +128,10 @@ def megatron_args(job: Job) -> list[str]:
     ]
     if m.query_groups != m.num_attention_heads:
         args += ["--group-query-attention", f"--num-query-groups {m.query_groups}"]
+    if m.kv_channels is not None and m.kv_channels * m.num_attention_heads != m.hidden_size:
+        args.append(f"--kv-channels {m.kv_channels}")
+    if m.qk_layernorm:
+        args.append("--qk-layernorm")
     args.append(f"--normalization {m.normalization.value}")
     if m.swiglu:
         args.append("--swiglu")
@@ -94,6 +144,7 @@ def megatron_args(job: Job) -> list[str]:
              f"--attention-backend {p.attention_backend.value}",
              f"--tensor-model-parallel-size {p.tensor_parallel_size}",
              f"--pipeline-model-parallel-size {p.pipeline_parallel_size}"]
+    args += _moe_args(job)
     if p.context_parallel_size > 1:
         args += [f"--context-parallel-size {p.context_parallel_size}", f"--cp-comm-type {p.cp_comm_type.value}"]
     if p.interleaved:
@@ -189,6 +240,20 @@ def megatron_notes(job: Job) -> list[str]:
     if uses_megatron_fsdp(job) and (p.tensor_parallel_size > 1 or p.context_parallel_size > 1):
         notes.append("Megatron-FSDP with TP or CP runs without CUDA_DEVICE_MAX_CONNECTIONS=1, so TP/CP collectives "
                      "may overlap less than simulated")
+    if m.is_moe:
+        notes += _moe_notes(job)
+    return notes
+
+
+def _moe_notes(job: Job) -> list[str]:
+    m, p = job.model, job.plan
+    notes = [f"the plan assumes the busiest expert rank gets {_num(m.moe_load_imbalance)} x its balanced share of "
+             "tokens (the simulator's --moe-load-imbalance; no Megatron flag sets it, the router's training does)"]
+    if m.add_bias_linear and p.expert_tp_size > 1:
+        notes.append(f"megatron-core builds MoE layers with biases only at expert tensor-parallel size 1 (this plan "
+                     f"has {p.expert_tp_size}); add --expert-tensor-parallel-size 1 or --disable-bias-linear")
+    if p.expert_model_parallel_size > 1 and p.precision is Precision.fp16:
+        notes.append("Megatron-LM refuses expert parallelism with --fp16; train in bf16")
     return notes
 
 
@@ -264,6 +329,11 @@ def nemo_yaml(job: Job) -> str:
     }
     if p.context_parallel_size > 1:
         model["cp_comm_type"] = p.cp_comm_type.value
+    if m.kv_channels is not None and m.kv_channels * m.num_attention_heads != m.hidden_size:
+        model["kv_channels"] = m.kv_channels
+    if m.qk_layernorm:
+        model["qk_layernorm"] = True
+    model.update(_moe_config(job, nemo=True))
     for key, value in (("num_layers_in_first_pipeline_stage", p.decoder_first_pipeline_num_layers),
                        ("num_layers_in_last_pipeline_stage", p.decoder_last_pipeline_num_layers)):
         if value is not None:
@@ -293,6 +363,28 @@ def nemo_yaml(job: Job) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _moe_config(job: Job, nemo: bool = False) -> dict[str, Any]:
+    """The experts and their layout under megatron-core's names (NeMo passes them through unchanged);
+    empty for a dense model, whose outputs stay as they were."""
+    m, p = job.model, job.plan
+    if not m.is_moe:
+        return {}
+    freq = list(m.moe_layer_freq) if isinstance(m.moe_layer_freq, tuple) else m.moe_layer_freq
+    return {
+        "num_moe_experts": m.num_experts,
+        "moe_router_topk": m.moe_router_topk,
+        "moe_ffn_hidden_size": m.expert_ffn_size,
+        "moe_shared_expert_intermediate_size": m.moe_shared_expert_intermediate_size,
+        # a YAML flow list: NeMo reads it as the list megatron-core takes
+        "moe_layer_freq": f"[{', '.join(map(str, freq))}]" if nemo and isinstance(freq, list) else freq,
+        "moe_expert_capacity_factor": m.moe_expert_capacity_factor,
+        "expert_model_parallel_size": p.expert_model_parallel_size,
+        "expert_tensor_parallel_size": p.expert_tp_size,
+        "moe_token_dispatcher_type": p.moe_token_dispatcher_type.value,
+        "moe_grouped_gemm": p.moe_grouped_gemm,
+    }
+
+
 def transformer_config(job: Job) -> dict[str, Any]:
     """megatron-core ``TransformerConfig`` keyword arguments as JSON. Three values are Python objects in
     megatron-core and strings here: the dtypes ('bfloat16'), the activation ('gelu' or 'silu') and the
@@ -301,6 +393,7 @@ def transformer_config(job: Job) -> dict[str, Any]:
     g = p.recompute.granularity
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[p.precision.value]
     overlap = p.overlap_p2p_comm and p.interleaved
+    extra = {"qk_layernorm": True} if m.qk_layernorm else {}
     return {
         "num_layers": m.num_layers,
         "hidden_size": m.hidden_size,
@@ -338,6 +431,8 @@ def transformer_config(job: Job) -> dict[str, Any]:
         "pipeline_dtype": dtype,
         "fp8": p.fp8_format.value if p.fp8_format is not None else None,
         "transformer_impl": "transformer_engine",
+        **extra,
+        **_moe_config(job),
     }
 
 

@@ -16,6 +16,23 @@ Three families are understood, each by the keys its ``transformers`` config clas
   ``attention_bias`` or ``mlp_bias`` turns it on for every linear layer, and Qwen2's built-in
   query/key/value bias (h + 2 kv_size parameters a layer) is left out. Mistral's sliding window is
   not modelled: attention is costed as full causal attention over the whole sequence.
+- Mixture of experts, Llama style with Megatron's MoE fields:
+  Mixtral (``MixtralForCausalLM``): ``num_local_experts``, ``num_experts_per_tok``, and
+  ``intermediate_size`` is each expert's size (every layer is MoE). Qwen2-MoE
+  (``Qwen2MoeForCausalLM``, Qwen1.5-MoE) and Qwen3-MoE (``Qwen3MoeForCausalLM``): ``num_experts``,
+  ``num_experts_per_tok``, ``moe_intermediate_size`` (an expert), ``intermediate_size`` (the MLP of
+  the dense layers), ``decoder_sparse_step`` and ``mlp_only_layers`` (which layers are MoE: layer i
+  when it is not listed and (i + 1) is a multiple of the step, as ``transformers`` builds them; a
+  0/1 ``moe_layer_freq`` per layer unless every layer is). Qwen2-MoE adds a shared expert
+  (``shared_expert_intermediate_size``); its sigmoid gate (h parameters a layer) is left out, as are
+  its query/key/value biases, as for Qwen2. Qwen3-MoE has its own ``head_dim`` (``kv_channels``) and
+  a norm on each head's query and key, and no shared expert. A config whose names were dropped or
+  say a dense Llama/Mistral/Qwen2 while it lists experts (``num_local_experts``, ``num_experts``)
+  is read as the MoE model the keys describe, never as a dense one.
+
+DeepSeek-V2/V3 (``deepseek_v2``, ``deepseek_v3``, or any config with ``q_lora_rank`` /
+``kv_lora_rank``) are refused: their multi-head latent attention is not modelled; the preset
+``deepseek-v3-style`` keeps DeepSeek-V3's expert layout with standard attention.
 
 The sequence length is the config's maximum positions unless the caller gives one. A vocabulary
 that is not a multiple of 128 is padded up to one, as Megatron's ``--make-vocab-size-divisible-by
@@ -53,7 +70,14 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
+# families that are multi-head latent attention (refused) and the preset closest to them
+_LATENT_ATTENTION = {"DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}
+_LATENT_KEYS = ("q_lora_rank", "kv_lora_rank")
+CLOSEST_TO_LATENT_ATTENTION = "deepseek-v3-style"
 _MISSING = object()
 
 
@@ -120,19 +144,23 @@ def _gpt_neox(c: _Config) -> dict[str, Any]:
     )
 
 
-def _llama(c: _Config) -> dict[str, Any]:
+def _llama(c: _Config, *, own_head_dim: bool = False) -> dict[str, Any]:
+    """``own_head_dim``: the family sizes its heads by ``head_dim`` (Qwen3), not by hidden / heads."""
     act = c.data.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise ConfigError(f"Hugging Face config {c.where} has hidden_act={act!r}; a Llama-style MLP is SwiGLU, "
                           "so only 'silu' is understood")
     hidden, heads = c.int("hidden_size"), c.int("num_attention_heads")
     head_dim = c.int("head_dim", default=None)
-    if head_dim is not None and head_dim * heads != hidden:
+    if own_head_dim:
+        pass
+    elif head_dim is not None and head_dim * heads != hidden:
         raise ConfigError(f"Hugging Face config {c.where} has head_dim={head_dim}, but hidden_size={hidden} / "
                           f"num_attention_heads={heads} = {hidden / heads:g}; only head_dim = hidden_size / heads "
                           "is modelled, remove head_dim or fix it")
     return dict(
         num_layers=c.int("num_hidden_layers"), hidden_size=hidden, num_attention_heads=heads,
+        **({"kv_channels": head_dim} if own_head_dim and head_dim is not None else {}),
         num_query_groups=c.int("num_key_value_heads", default=heads), ffn_hidden_size=c.int("intermediate_size"),
         vocab_size=c.int("vocab_size"), seq_length=c.int("max_position_embeddings"), swiglu=True,
         normalization=Normalization.rmsnorm, position_embedding_type=PositionEmbedding.rope,
@@ -142,13 +170,86 @@ def _llama(c: _Config) -> dict[str, Any]:
     )
 
 
+def _mixtral(c: _Config) -> dict[str, Any]:
+    fields = _llama(c)  # intermediate_size is each expert's; every layer is MoE
+    return {**fields, "num_experts": c.int("num_local_experts"), "moe_router_topk": c.int("num_experts_per_tok"),
+            "moe_ffn_hidden_size": fields["ffn_hidden_size"]}
+
+
+def _moe_layers(c: _Config, layers: int) -> int | tuple[int, ...]:
+    """Megatron's moe_layer_freq for ``transformers``' rule: layer i has experts unless it is in
+    ``mlp_only_layers``, and when (i + 1) is a multiple of ``decoder_sparse_step``."""
+    step = c.int("decoder_sparse_step", default=1)
+    dense = c.data.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers
+                                              for i in dense):
+        raise ConfigError(f"Hugging Face config {c.where} has mlp_only_layers={dense!r}; it must be a list of layer "
+                          f"indices from 0 to {layers - 1}")
+    pattern = tuple(0 if i in dense or (i + 1) % step else 1 for i in range(layers))
+    if not any(pattern):
+        raise ConfigError(f"Hugging Face config {c.where} has decoder_sparse_step={step} and mlp_only_layers that "
+                          f"leave none of its {layers} layers with experts; fix them or drop the expert keys")
+    return 1 if all(pattern) else pattern
+
+
+def _qwen_moe(c: _Config, *, qwen3: bool) -> dict[str, Any]:
+    fields = _llama(c, own_head_dim=qwen3)  # intermediate_size is the MLP of the dense layers
+    fields.update(num_experts=c.int("num_experts"), moe_router_topk=c.int("num_experts_per_tok"),
+                  moe_ffn_hidden_size=c.int("moe_intermediate_size"),
+                  moe_layer_freq=_moe_layers(c, fields["num_layers"]))
+    if qwen3:
+        fields["qk_layernorm"] = True
+    else:
+        fields["moe_shared_expert_intermediate_size"] = c.int("shared_expert_intermediate_size", default=None)
+    return fields
+
+
 _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama, "mistral": _llama, "qwen2": _llama,
+    "mixtral": _mixtral, "qwen2_moe": lambda c: _qwen_moe(c, qwen3=False),
+    "qwen3_moe": lambda c: _qwen_moe(c, qwen3=True),
 }
+# a dense family whose config lists experts is the MoE family those keys belong to
+_EXPERT_KEYS = {"num_local_experts": "mixtral", "num_experts": "qwen2_moe"}
+_DENSE_KIN = ("llama", "mistral", "qwen2")
+
+
+def _refuse_latent_attention(data: Mapping[str, Any], where: str) -> None:
+    archs = data.get("architectures")
+    named = [_LATENT_ATTENTION[a] for a in archs if a in _LATENT_ATTENTION] if isinstance(archs, list) else []
+    model_type = data.get("model_type")
+    if isinstance(model_type, str) and model_type in _LATENT_ATTENTION.values():
+        named.append(model_type)
+    keys = [k for k in _LATENT_KEYS if data.get(k) is not None]
+    if named or keys:
+        what = f"model_type {named[0]!r}" if named else " and ".join(keys)
+        raise ConfigError(f"Hugging Face config {where} is a DeepSeek model ({what}) with multi-head latent "
+                          f"attention, which this simulator does not model; use the preset "
+                          f"{CLOSEST_TO_LATENT_ATTENTION!r} (DeepSeek-V3's experts with standard attention), the "
+                          "closest model it has")
+
+
+def _expert_key(data: Mapping[str, Any]) -> str | None:
+    """The key that lists routed experts (more than one), if the config has one."""
+    for key in _EXPERT_KEYS:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return key
+    return None
 
 
 def _model_type(data: Mapping[str, Any], where: str) -> str:
-    """The family, from ``architectures`` (what the weights are) or else ``model_type``."""
+    """The family, from ``architectures`` (what the weights are) or else ``model_type``, or else the keys
+    that list experts; a dense family whose config lists experts is read as its MoE family."""
+    _refuse_latent_attention(data, where)
+    family = _named_family(data, where)
+    experts = _expert_key(data)
+    if family in _DENSE_KIN and experts is not None:
+        return _EXPERT_KEYS[experts]
+    return family
+
+
+def _named_family(data: Mapping[str, Any], where: str) -> str:
     archs = data.get("architectures")
     if archs is not None:
         if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
@@ -161,6 +262,8 @@ def _model_type(data: Mapping[str, Any], where: str) -> str:
                               "as a YAML file of ModelSpec fields")
         return SUPPORTED_ARCHITECTURES[known[0]]
     model_type = data.get("model_type")
+    if model_type is None and _expert_key(data) is not None:
+        return _EXPERT_KEYS[_expert_key(data)]  # neither name left: the expert keys say which reader
     if not isinstance(model_type, str) or model_type not in _FAMILIES:
         raise ConfigError(f"Hugging Face config {where} has model_type={model_type!r}, which this simulator does "
                           f"not model; use one of {', '.join(_FAMILIES)}, or write the shape as a YAML file of "
@@ -207,8 +310,14 @@ def import_notes(data: Mapping[str, Any], fields: Mapping[str, Any], *, seq_leng
     if uses_window and isinstance(window, int) and not isinstance(window, bool) and 0 < window < seq:
         notes.append(f"sliding-window attention (window {window:,} tokens) not modelled: attention is costed as "
                      f"full causal attention over all {seq:,} tokens, which overstates its time")
-    if family == "qwen2":
+    if family in ("qwen2", "qwen2_moe"):
         notes.append("Qwen2's query/key/value biases left out (one bias switch for every linear layer)")
+    if family == "qwen2_moe" and fields.get("moe_shared_expert_intermediate_size"):
+        notes.append("the shared expert's sigmoid gate (one h-wide projection a layer) left out")
+    named = _named_family(data, "config")
+    if named != family:
+        notes.append(f"read as {family} (the config lists {_expert_key(data)}={data[_expert_key(data)]}), not as "
+                     f"the dense {named} its name says")
     if family in ("llama", "mistral") and fields.get("add_bias_linear"):
         notes.append("attention_bias/mlp_bias turns biases on for every linear layer")
     vocab = data.get("vocab_size")
@@ -256,14 +365,14 @@ def collected_notes() -> Iterator[list[str]]:
 
 
 def load_hf_config(path: str | Path, *, seq_length: int | None = None) -> ModelSpec:
-    """Read a Hugging Face ``config.json`` (GPT-2, GPT-NeoX or Llama style) into a ``ModelSpec``.
+    """Read a Hugging Face ``config.json`` (GPT-2, GPT-NeoX, Llama style or its MoE kin) into a ``ModelSpec``.
 
     ``seq_length`` overrides the config's maximum positions (a model trained at 8K tokens may
     declare 128K). Raises ``ConfigError`` naming the file, the key and the fix for anything else.
     """
     path = Path(path)
     data = read_mapping(path, "Hugging Face config")
-    if "architectures" not in data and "model_type" not in data:
+    if "architectures" not in data and "model_type" not in data and _expert_key(data) is None:
         raise ConfigError(f"{str(path)!r} has neither 'architectures' nor 'model_type', so it is not a Hugging Face "
                           "config; pass the model's config.json, or load a ModelSpec file with --model")
     return model_from_hf_config(data, path, seq_length=seq_length)

@@ -86,6 +86,20 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, Any], ...] = (
     (("--transformer-impl",), "x.transformer_impl", ("transformer_engine", "local")),
     (("--attention-backend",), "p.attention_backend", ("auto", "flash", "fused", "unfused", "local")),
     (("--use-flash-attn",), "p.use_flash_attention", True),
+    (("--qk-layernorm",), "m.qk_layernorm", True),
+    # mixture of experts: the experts, then their layout (--ep, --etp and the others are the simulator's names)
+    (("--num-experts",), "m.num_experts", int),
+    (("--moe-router-topk",), "m.moe_router_topk", int),
+    (("--moe-ffn-hidden-size",), "m.moe_ffn_hidden_size", int),
+    (("--moe-shared-expert-intermediate-size",), "m.moe_shared_expert_intermediate_size", int),
+    (("--moe-layer-freq",), "x.moe_layer_freq", str),
+    (("--moe-expert-capacity-factor",), "x.moe_expert_capacity_factor", float),
+    (("--moe-load-imbalance",), "m.moe_load_imbalance", float),
+    (("--expert-model-parallel-size", "--ep"), "p.expert_model_parallel_size", int),
+    (("--expert-tensor-parallel-size", "--etp"), "p.expert_tensor_parallel_size", int),
+    (("--moe-token-dispatcher-type",), "p.moe_token_dispatcher_type", ("alltoall", "allgather")),
+    (("--moe-grouped-gemm",), "p.moe_grouped_gemm", True),
+    (("--no-moe-grouped-gemm",), "p.moe_grouped_gemm", False),
 )
 FLAGS: dict[str, tuple[str, Any]] = {name: (key, kind) for names, key, kind in _FLAGS for name in names}
 
@@ -97,10 +111,12 @@ _SILENT = re.compile(
     r"distributed-timeout-minutes|mock-data|use-mcore-models|no-gradient-accumulation-fusion|norm-epsilon|"
     r"rotary-base|rotary-percent|fp8-amax-.*|fp8-recipe|fp8-margin|fp8-interval|timing-log-.*|"
     r"num-workers|no-create-attention-mask-in-dataloader|use-checkpoint-args|"
-    r"no-masked-softmax-fusion|no-bias-.*-fusion|no-rope-fusion|use-rope-scaling|apply-layernorm-1p)")
+    r"no-masked-softmax-fusion|no-bias-.*-fusion|no-rope-fusion|use-rope-scaling|apply-layernorm-1p|"
+    r"moe-aux-loss-coeff|moe-z-loss-coeff|moe-router-load-balancing-type|moe-router-dtype|"
+    r"moe-router-score-function|moe-router-pre-softmax|moe-router-topk-scaling-factor|moe-router-enable-expert-bias|"
+    r"moe-router-bias-update-rate|moe-token-drop-policy|moe-input-jitter-eps|moe-per-layer-logging)")
 # Flags for layouts the simulator does not model: refused rather than dropped.
 _UNMODELLED = {
-    "--num-experts": "mixture-of-experts layers", "--expert-model-parallel-size": "expert parallelism",
     "--num-layers-per-encoder": "encoder-decoder models", "--multi-latent-attention": "multi-latent attention",
 }
 _LAUNCHERS = {"torchrun", "python", "python3", "-m", "torch.distributed.run", "torch.distributed.launch", "-u"}
@@ -206,7 +222,8 @@ def parse_launch(text: str, gpus_per_node: int | None = None) -> Launch:
             continue
         name, eq, inline = word.partition("=")
         if name in _UNMODELLED:
-            raise ConfigError(f"{name}: the simulator models dense GPTs, not {_UNMODELLED[name]}")
+            raise ConfigError(f"{name}: the simulator models GPTs with standard attention (dense or mixture of "
+                              f"experts), not {_UNMODELLED[name]}")
         if name not in FLAGS:
             while i < len(words) and not re.match(r"^-[-A-Za-z]", words[i]):
                 i += 1  # its values
@@ -286,8 +303,8 @@ def resolve(launch: Launch, base: Any, gpus: int | None) -> tuple[dict[str, Any]
         notes.append("--num-query-groups is ignored without --group-query-attention (as Megatron does)")
     kv = v.get("x.kv_channels")
     if kv is not None and kv * heads != hidden:
-        raise ConfigError(f"--kv-channels {kv} is not hidden_size / num_attention_heads = {hidden // heads}; the "
-                          "simulator models heads of hidden / heads channels")
+        model["kv_channels"] = kv  # heads of their own size (Qwen3); hidden / heads needs no field
+    _resolve_experts(v, model, layers)
     multiple = v.get("x.vocab_multiple", 128) * tp
     tokenizer = v.get("x.tokenizer_type")
     if "x.vocab_size" in v:
@@ -342,6 +359,52 @@ def resolve(launch: Launch, base: Any, gpus: int | None) -> tuple[dict[str, Any]
         dp = options.get("data_parallel_size") or (n_gpus // (tp * cp * pp) if n_gpus else 1)
         options["global_batch_size"] = options.get("micro_batch_size", 1) * max(dp, 1)
     return model, options, notes
+
+
+def _resolve_experts(v: dict[str, Any], model: dict[str, Any], layers: int) -> None:
+    factor = v.get("x.moe_expert_capacity_factor")
+    if factor is not None:
+        model["moe_expert_capacity_factor"] = factor if factor >= 0 else None  # Megatron: negative = dropless
+    freq = v.get("x.moe_layer_freq")
+    if freq is not None:
+        model["moe_layer_freq"] = layer_freq(freq, layers)
+
+
+def layer_freq(text: str, layers: int) -> int | tuple[int, ...]:
+    """``--moe-layer-freq`` as Megatron reads it: an integer k (every k-th layer, from the first), or a
+    python-list expression such as '([0]*3+[1]*58)' or '[1,0,1,0]', evaluated here without ``eval``:
+    list literals of 0 and 1, ``+`` between lists and ``*`` by a whole number."""
+    if "[" not in text:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"--moe-layer-freq {text} is neither a whole number nor a list pattern such as "
+                              "'([0]*3+[1]*5)'") from None
+    import ast
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.List):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+                return left + right
+            if isinstance(node.op, ast.Mult) and {type(left), type(right)} == {list, int}:
+                times = left if isinstance(left, int) else right
+                if 0 <= times <= 10 * layers + 1000:  # a bound, so a pattern cannot fill the memory
+                    return (left if isinstance(left, list) else right) * times
+        raise ValueError
+
+    try:
+        pattern = value(ast.parse(text.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pattern = None
+    if not isinstance(pattern, list) or any(x not in (0, 1) or isinstance(x, list) for x in pattern):
+        raise ConfigError(f"--moe-layer-freq {text!r} is not a list pattern of 0s and 1s the simulator reads; write "
+                          "it as '([0]*3+[1]*5)' or '[0,1,1]'")
+    return tuple(pattern)
 
 
 def _resolve_pipeline(launch: Launch, options: dict[str, Any], model: dict[str, Any], layers: int,

@@ -106,8 +106,9 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _say_divisors(n: int) -> str:
-    d = _divisors(n)
+def _say_divisors(n: int, node: int | None = None) -> str:
+    """'1, 2, 4 or 8': the divisors of ``n`` (those that also divide ``node``, the GPUs of a node, if given)."""
+    d = [x for x in _divisors(n) if node is None or node % x == 0]
     return ", ".join(str(x) for x in d[:-1]) + f" or {d[-1]}" if len(d) > 1 else str(d[0])
 
 
@@ -419,6 +420,63 @@ class Job(BaseModel):
             )
         if t <= n and n % t:
             raise ValueError(f"tensor_parallel_size={t} must divide the {n} GPUs per node; use {_say_divisors(n)}")
+        return self
+
+    @model_validator(mode="after")
+    def _experts_need_a_moe_model(self) -> "Job":
+        p = self.plan
+        if self.model.is_moe:
+            return self
+        if p.expert_model_parallel_size > 1:
+            raise ValueError(f"expert_model_parallel_size={p.expert_model_parallel_size} needs a model with experts; "
+                             "set num_experts or use 1")
+        if p.expert_tensor_parallel_size is not None:
+            raise ValueError(f"expert_tensor_parallel_size={p.expert_tensor_parallel_size} needs a model with "
+                             "experts; set num_experts or leave it unset")
+        return self
+
+    @model_validator(mode="after")
+    def _expert_tp_within_node(self) -> "Job":
+        e, n = self.plan.expert_tensor_parallel_size, self.cluster.gpus_per_node
+        if e is None:
+            return self  # it is TP, checked above
+        if e > n and not self.plan.allow_tp_across_nodes:
+            raise ValueError(
+                f"expert_tensor_parallel_size={e} is more than the {n} GPUs per node of {self.cluster.name}, so every "
+                f"expert would talk over InfiniBand; use at most {n} or insist with allow_tp_across_nodes")
+        if e <= n and n % e:
+            raise ValueError(f"expert_tensor_parallel_size={e} must divide the {n} GPUs per node; use "
+                             f"{_say_divisors(n)}")
+        return self
+
+    @model_validator(mode="after")
+    def _experts_tile_the_stage(self) -> "Job":
+        m, p = self.model, self.plan
+        if not m.is_moe:
+            return self
+        ep, etp, t = p.expert_model_parallel_size, p.expert_tp_size, p.tensor_parallel_size
+        if m.num_experts % ep:
+            raise ValueError(f"expert_model_parallel_size={ep} does not divide num_experts={m.num_experts}; use "
+                             f"{_say_divisors(m.num_experts)}")
+        # Megatron's expert rank generator lays ETP x EP x EDP over the same ranks as TP x CP x DP
+        ranks = t * p.context_parallel_size * p.data_parallel_size
+        if ranks % (ep * etp):
+            raise ValueError(f"expert_model_parallel_size={ep} x expert_tensor_parallel_size={etp} does not "
+                             f"divide the {ranks} TP x CP x DP ranks of a stage; pick sizes whose product "
+                             f"divides {ranks}")
+        if m.expert_ffn_size % etp:
+            raise ValueError(f"expert_tensor_parallel_size={etp} does not divide the experts' "
+                             f"moe_ffn_hidden_size={m.expert_ffn_size}; use "
+                             f"{_say_divisors(m.expert_ffn_size, self.cluster.gpus_per_node)}")
+        shared = m.moe_shared_expert_intermediate_size
+        if shared and shared % t:
+            raise ValueError(f"tensor_parallel_size={t} does not divide moe_shared_expert_intermediate_size={shared} "
+                             f"(the shared experts are split over TP like a dense MLP); "
+                             f"use {_say_divisors(shared, self.cluster.gpus_per_node)}")
+        # Megatron's rule (arguments.py): the dispatcher takes each TP rank's sequence-parallel shard
+        if ep > 1 and t > 1 and not p.sequence_parallel:
+            raise ValueError(f"expert_model_parallel_size={ep} with tensor_parallel_size={t} needs sequence_parallel "
+                             "(Megatron's rule); turn sequence parallelism on")
         return self
 
     @model_validator(mode="after")

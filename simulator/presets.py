@@ -59,13 +59,31 @@ QWEN_VOCAB = 151936
 
 def moe(name: str, *, layers: int, hidden: int, heads: int, kv_heads: int, experts: int, topk: int, expert_ffn: int,
         vocab: int, seq: int, shared_ffn: int | None = None, head_dim: int | None = None,
-        qk_layernorm: bool = False) -> ModelSpec:
-    """A Llama-style decoder whose MLPs are routed experts (and shared experts where the model has them)."""
-    base = llama(name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=expert_ffn, vocab=vocab,
-                 seq=seq)
+        qk_layernorm: bool = False, dense_ffn: int | None = None, layer_freq: int | tuple[int, ...] = 1) -> ModelSpec:
+    """A Llama-style decoder whose MLPs are routed experts (and shared experts where the model has them);
+    ``dense_ffn`` is the MLP of the layers ``layer_freq`` leaves dense (default the expert size)."""
+    base = llama(name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=dense_ffn or expert_ffn,
+                 vocab=vocab, seq=seq)
     return base.model_copy(update=dict(
         num_experts=experts, moe_router_topk=topk, moe_ffn_hidden_size=expert_ffn,
-        moe_shared_expert_intermediate_size=shared_ffn, kv_channels=head_dim, qk_layernorm=qk_layernorm))
+        moe_shared_expert_intermediate_size=shared_ffn, kv_channels=head_dim, qk_layernorm=qk_layernorm,
+        moe_layer_freq=layer_freq))
+
+
+# DeepSeek-V3 (DeepSeek-AI 2024, its config.json) has multi-head latent attention (MLA), which is not modelled:
+# `deepseek-v3-style` keeps its expert layout (61 layers, the first 3 dense with an MLP of 18,432, then 256 routed
+# experts of 2,048, top-8, one shared expert of 2,048) with standard attention in MLA's place: 128 heads of 128
+# channels (query width 16,384) and grouped-query attention with 8 key/value groups, as Llama-3-405B has.
+# Parameters: 674.8B total, 41.4B active, against the published 671B / 37B (which leave out the 14B
+# multi-token-prediction module, as this does). MLA's low-rank projections (query rank 1,536, key/value rank 512,
+# heads of 128 + 64 rotary channels) hold 187.1M parameters a layer; these projections hold 249.6M, 62.5M more in
+# each of 61 layers (+3.8B, all of it active). With MLA's projections the same count gives 671.0B / 37.6B.
+# Full multi-head attention (128 key/value groups) would hold 469.8M a layer: 688.3B / 54.8B, further from both.
+# The attention core costs heads x 128 channels for the query-key product where MLA's heads have 192 (128 + 64
+# rotary), so the score FLOPs are 2/3 of MLA's; the router's sigmoid scores, group-limited routing and
+# aux-loss-free balancing are not modelled (its GEMM is the same).
+DEEPSEEK_V3_VOCAB = 129280
+DEEPSEEK_V3_DENSE_LAYERS = 3
 
 
 MOE_PRESETS: dict[str, ModelSpec] = {
@@ -83,6 +101,9 @@ MOE_PRESETS: dict[str, ModelSpec] = {
             vocab=QWEN_VOCAB, seq=4096, head_dim=128, qk_layernorm=True),
         moe("qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, experts=128, topk=8, expert_ffn=1536,
             vocab=QWEN_VOCAB, seq=4096, head_dim=128, qk_layernorm=True),
+        moe("deepseek-v3-style", layers=61, hidden=7168, heads=128, kv_heads=8, experts=256, topk=8, expert_ffn=2048,
+            vocab=DEEPSEEK_V3_VOCAB, seq=4096, shared_ffn=2048, head_dim=128, dense_ffn=18432,
+            layer_freq=(0,) * DEEPSEEK_V3_DENSE_LAYERS + (1,) * (61 - DEEPSEEK_V3_DENSE_LAYERS)),
     )
 }
 

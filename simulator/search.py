@@ -59,8 +59,10 @@ class SearchPins(BaseModel):
     recompute_granularity: RecomputeGranularity | None = None
     use_distributed_optimizer: bool | None = None
     context_parallel_size: int | None = None
-    expert_model_parallel_size: int | None = None
-    expert_tensor_parallel_size: int | None = None
+    expert_model_parallel_size: int | None = Field(
+        None, gt=0, description="Mixture of experts: EP, ranks the routed experts are spread over.")
+    expert_tensor_parallel_size: int | None = Field(
+        None, gt=0, description="Mixture of experts: ETP, ranks each expert is split over.")
 
 
 class SearchRequest(BaseModel):

@@ -397,7 +397,9 @@ def job_flags(plan: dict) -> list[str]:
                       ("--data-parallel-sharding-strategy", "data_parallel_sharding_strategy"),
                       ("--decoder-first-pipeline-num-layers", "decoder_first_pipeline_num_layers"),
                       ("--decoder-last-pipeline-num-layers", "decoder_last_pipeline_num_layers"),
-                      ("--ddp-bucket-size", "ddp_bucket_size")):
+                      ("--ddp-bucket-size", "ddp_bucket_size"), ("--ep", "expert_model_parallel_size"),
+                      ("--etp", "expert_tensor_parallel_size"),
+                      ("--moe-token-dispatcher-type", "moe_token_dispatcher_type")):
         if plan.get(key) is not None:
             flags += [flag, plan[key]]
     flags += [flag for flag, key in (("--sp", "sequence_parallel"),
@@ -408,7 +410,8 @@ def job_flags(plan: dict) -> list[str]:
                                      ("--account-for-embedding-in-pipeline-split",
                                       "account_for_embedding_in_pipeline_split"),
                                      ("--account-for-loss-in-pipeline-split", "account_for_loss_in_pipeline_split"),
-                                     ("--allow-tp-across-nodes", "allow_tp_across_nodes")) if plan.get(key)]
+                                     ("--allow-tp-across-nodes", "allow_tp_across_nodes"),
+                                     ("--moe-grouped-gemm", "moe_grouped_gemm")) if plan.get(key)]
     if plan.get("attention_backend") is None and "use_flash_attention" in plan:  # the older flag's field alone
         flags += ["--attention-backend", "auto" if plan["use_flash_attention"] is True else "unfused"
                   if plan["use_flash_attention"] is False else plan["use_flash_attention"]]

@@ -20,7 +20,7 @@ from simulator.megatron_args import FLAGS, parse_launch, read_text, resolve
 
 INLINE = "megatron_inline"  # the hidden option that carries Megatron flags typed on the plan command line
 # Plan options that are the simulator's own, not part of a launch: allowed beside --megatron-args.
-_OWN = frozenset({"model", "cluster", "gpus", "as_json", "allow_tp_across_nodes"})
+_OWN = frozenset({"model", "cluster", "gpus", "as_json", "allow_tp_across_nodes", "moe_load_imbalance"})
 
 
 def _option_arity(command: click.Command) -> dict[str, bool]:
@@ -97,7 +97,8 @@ def job_from_megatron(ctx: click.Context, kwargs: dict[str, Any]):
     job = job_from_options(
         model_overrides=model, plan_overrides={"pipeline_layer_split": split} if split else None,
         **{**options, "model": kwargs.get("model", "gpt3-175b"), "cluster": kwargs.get("cluster", "dgx-a100-80gb"),
-           "allow_tp_across_nodes": kwargs.get("allow_tp_across_nodes", False)})
+           "allow_tp_across_nodes": kwargs.get("allow_tp_across_nodes", False),
+           "moe_load_imbalance": kwargs.get("moe_load_imbalance")})
     return job, notes
 
 

@@ -30,7 +30,12 @@ def describe_job(job: Job) -> str:
         p.precision.value + (", distributed optimizer" if p.use_distributed_optimizer else ""),
         f"sequence {job.model.seq_length:,}, {'flash' if p.use_flash_attention else 'unfused'} attention",
     ]
-    return "; ".join(parts)
+    text = "; ".join(parts)
+    if job.model.is_moe:
+        from simulator.cli.plan_cmd import experts_line
+
+        text += "\n" + experts_line(job.model, p)
+    return text
 
 
 def render_table(plan: MemoryPlan) -> str:
@@ -53,6 +58,7 @@ def to_json(job: Job, plan: MemoryPlan) -> dict[str, Any]:
         "num_gpus": job.num_gpus,
         "plan": job.plan.model_dump(mode="json"),
         **settings_json(job.model, job.plan),
+        **({"moe_load_imbalance": job.model.moe_load_imbalance} if job.model.is_moe else {}),
         **plan.model_dump(mode="json"),
     }
 

@@ -20,6 +20,7 @@ from simulator.plan import (
     DataParallelSharding,
     Fp8Format,
     Job,
+    MoEDispatcher,
     ParallelPlan,
     Precision,
     RecomputeGranularity,
@@ -112,6 +113,8 @@ MICRO_BATCH = BoundedInt(1, limits.MAX_MICRO_BATCH_SIZE)
 GLOBAL_BATCH = BoundedInt(1, limits.MAX_GLOBAL_BATCH_SIZE)
 SEQ_LENGTH = BoundedInt(1, limits.MAX_SEQ_LENGTH)
 LAYERS = BoundedInt(1, limits.MAX_LAYERS)
+# the busiest expert rank's tokens over its balanced share: 1 is perfect balance; past 1,000 nothing is routed
+LOAD_IMBALANCE = BoundedFloat(1, 1000, closed=True)
 
 # (param_decls, kwargs) in the order --help lists them; the parameter names are what
 # job_from_options reads.
@@ -148,6 +151,22 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
      dict(is_flag=True, default=False, help="Count the input embedding as a layer of the first stage.")),
     (("--account-for-loss-in-pipeline-split", "account_for_loss_in_pipeline_split"),
      dict(is_flag=True, default=False, help="Count the output layer and loss as a layer of the last stage.")),
+    (("--expert-model-parallel-size", "--ep", "expert_model_parallel_size"),
+     dict(type=PARALLEL_SIZE, default=1, show_default=True,
+          help="Mixture of experts: ranks each MoE layer's routed experts are spread over, within the TP x CP x DP "
+               "ranks of a stage (must divide the experts).")),
+    (("--expert-tensor-parallel-size", "--etp", "expert_tensor_parallel_size"),
+     dict(type=PARALLEL_SIZE, default=None, help="Mixture of experts: ranks each expert is split over. Default: TP.")),
+    (("--moe-token-dispatcher-type", "moe_token_dispatcher_type"),
+     dict(type=click.Choice([d.value for d in MoEDispatcher]), default="allgather", show_default=True,
+          help="Mixture of experts: how routed tokens reach their experts (Megatron's default allgather, or "
+               "alltoall).")),
+    (("--moe-grouped-gemm/--no-moe-grouped-gemm", "moe_grouped_gemm"),
+     dict(default=False, show_default=True, help="Mixture of experts: a rank's experts run as one grouped GEMM.")),
+    (("--moe-load-imbalance", "moe_load_imbalance"),
+     dict(type=LOAD_IMBALANCE, default=None, metavar="FLOAT",
+          help="Mixture of experts: plan for the busiest expert rank getting this many times its balanced share "
+               "of tokens (>= 1; replaces the model's, 1 = perfectly balanced).")),
     (("--sequence-parallel/--no-sequence-parallel", "--sp/--no-sp", "sequence_parallel"),
      dict(default=False, show_default=True, help="Split norms and dropouts along the sequence (needs TP > 1).")),
     (("--micro-batch-size", "--mbs", "micro_batch_size"),
@@ -252,6 +271,7 @@ def job_from_options(model_overrides: dict[str, Any] | None = None, plan_overrid
     model = load_model(o.get("model", "gpt3-175b"), o.get("seq_length"))
     if model_overrides:
         model = build(ModelSpec, {**model.model_dump(), **model_overrides}, f"model {model.name!r}")
+    model = with_load_imbalance(model, o.get("moe_load_imbalance"))
     cluster = load_cluster(o.get("cluster", "dgx-a100-80gb"))
     recompute = {
         "granularity": o.get("recompute_granularity", "none"),
@@ -271,6 +291,10 @@ def job_from_options(model_overrides: dict[str, Any] | None = None, plan_overrid
         "account_for_embedding_in_pipeline_split": o.get("account_for_embedding_in_pipeline_split", False),
         "account_for_loss_in_pipeline_split": o.get("account_for_loss_in_pipeline_split", False),
         "sequence_parallel": o.get("sequence_parallel", False),
+        "expert_model_parallel_size": o.get("expert_model_parallel_size") or 1,
+        "expert_tensor_parallel_size": o.get("expert_tensor_parallel_size"),
+        "moe_token_dispatcher_type": o.get("moe_token_dispatcher_type") or "allgather",
+        "moe_grouped_gemm": o.get("moe_grouped_gemm", False),
         "tp_comm_overlap": o.get("tp_comm_overlap", False),
         "micro_batch_size": mbs,
         "global_batch_size": gbs,
@@ -291,6 +315,16 @@ def job_from_options(model_overrides: dict[str, Any] | None = None, plan_overrid
         **(plan_overrides or {}),
     }, "plan")
     return build(Job, {"model": model, "cluster": cluster, "plan": plan}, "job")
+
+
+def with_load_imbalance(model: ModelSpec, imbalance: float | None) -> ModelSpec:
+    """``--moe-load-imbalance``: the model with that imbalance to plan for (None keeps the model's)."""
+    if imbalance is None:
+        return model
+    if not model.is_moe:
+        raise ConfigError(f"--moe-load-imbalance {imbalance:g} is for a mixture-of-experts model; {model.name} is "
+                          "dense, so drop it")
+    return build(ModelSpec, {**model.model_dump(), "moe_load_imbalance": imbalance}, f"model {model.name!r}")
 
 
 require_fit_option = click.option(

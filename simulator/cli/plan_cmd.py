@@ -35,7 +35,28 @@ def plan_json(job, est) -> dict:
     doc["cluster"] = job.cluster.name
     doc["plan"] = job.plan.model_dump(mode="json")
     doc.update(settings_json(job.model, job.plan))
+    if job.model.is_moe:
+        doc["moe_load_imbalance"] = job.model.moe_load_imbalance
     return doc
+
+
+def experts_line(model, plan=None) -> str:
+    """'experts: 8 routed, top-2, dropless; EP 8, ETP 1, alltoall dispatcher, grouped GEMM; load imbalance 1.3
+    planned for': what a mixture-of-experts model's numbers rest on beyond the dense layout."""
+    parts = [f"{model.num_experts} routed, top-{model.moe_router_topk}"]
+    if model.moe_shared_expert_intermediate_size:
+        parts.append(f"shared {model.moe_shared_expert_intermediate_size:,}")
+    if model.num_moe_layers < model.num_layers:
+        parts.append(f"in {model.num_moe_layers} of {model.num_layers} layers")
+    factor = model.moe_expert_capacity_factor
+    parts.append(f"capacity factor {factor:g}" if factor is not None else "dropless")
+    text = "experts: " + ", ".join(parts)
+    if plan is not None:
+        etp = plan.expert_tensor_parallel_size
+        text += (f"; EP {plan.expert_model_parallel_size}, ETP {plan.expert_tp_size}" + (" (= TP)" if etp is None else "")
+                 + f", {plan.moe_token_dispatcher_type.value} dispatcher, "
+                 + ("grouped GEMM" if plan.moe_grouped_gemm else "one GEMM per expert"))
+    return text + f"; load imbalance {model.moe_load_imbalance:g} planned for (1 = balanced)"
 
 
 def launch_json(job) -> dict:
@@ -80,6 +101,7 @@ def render(job, est, notes: list[str] = ()) -> str:
         + f", DP {plan.data_parallel_size}, SP {'on' if plan.sequence_parallel else 'off'}, recompute {rec}, "
         f"micro-batch {plan.micro_batch_size}, global batch {plan.global_batch_size} "
         f"({plan.num_micro_batches} micro-batches per pipeline)",
+        *([experts_line(job.model, plan)] if job.model.is_moe else []),
         "",
         f"iteration time   {T:9.3f} s" + _band(est.iteration_time_s_low, est.iteration_time_s_high, "s", 3),
         f"MFU / HFU        {est.mfu * 100:8.1f} % / {est.hfu * 100:.1f} %   ({est.tflops_per_gpu:.0f} model TFLOP/s per GPU)",
@@ -123,7 +145,8 @@ def _band(low: float | None, high: float | None, unit: str, digits: int) -> str:
 @megatron_options
 @click.option("--launch", "show_launch", is_flag=True, default=False,
               help="Also print the Megatron-LM launch (environment, torchrun and flags) and the NeMo fragment.")
-@click.option("--tokens", type=TOKENS, default=None, help="Training tokens, for days and GPU-hours (e.g. 300e9).")
+@click.option("--tokens", type=TOKENS, default=None,
+              help="Training tokens, for days and GPU-hours (e.g. 300e9); MoE models count active parameters.")
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME",
               help="Hardware profile (default: the published profile of the cluster's GPU).")
 @click.option("--trace", "trace_path", type=OutputFile("trace"), default=None,
@@ -134,7 +157,9 @@ def _band(low: float | None, high: float | None, unit: str, digits: int) -> str:
 @require_fit_option
 def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, plots_dir=None, show_launch=False,
                  **kwargs):
-    """Predict one training iteration of a plan: time, MFU/HFU, breakdown, memory and training days."""
+    """Predict one training iteration of a plan: time, MFU/HFU, breakdown, memory and training days.
+    For mixture-of-experts models MFU and days count the active parameters (the experts a token is
+    routed to), not every expert."""
     from simulator.estimate import simulate_job
     from simulator.hf import collected_notes
     from simulator.profile import load_profile

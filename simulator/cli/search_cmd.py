@@ -12,6 +12,7 @@ from simulator import limits
 from simulator.cli.options import (
     GLOBAL_BATCH,
     GPUS,
+    LOAD_IMBALANCE,
     MICRO_BATCH,
     PARALLEL_SIZE,
     SEQ_LENGTH,
@@ -20,8 +21,9 @@ from simulator.cli.options import (
     BoundedInt,
     OutputFile,
     data_parallel_size,
+    with_load_imbalance,
 )
-from simulator.cli.plan_cmd import launch_json, plan_json, render_launch_text
+from simulator.cli.plan_cmd import experts_line, launch_json, plan_json, render_launch_text
 from simulator.plan import Precision, RecomputeGranularity
 from simulator.units import format_gib
 
@@ -47,8 +49,12 @@ def _describe(plan) -> str:
         split = f"({plan.decoder_first_pipeline_num_layers}..{plan.decoder_last_pipeline_num_layers})"
     elif plan.account_for_embedding_in_pipeline_split or plan.account_for_loss_in_pipeline_split:
         split = "(e+l)"
+    experts = ""  # only where the plan has an expert layout: dense rows stay as they were
+    if plan.expert_model_parallel_size > 1 or plan.expert_tensor_parallel_size is not None:
+        experts = f" EP{plan.expert_model_parallel_size}" + (
+            f" ETP{plan.expert_tensor_parallel_size}" if plan.expert_tensor_parallel_size is not None else "")
     return (f"TP{plan.tensor_parallel_size}" + (f" CP{plan.context_parallel_size}" if plan.context_parallel_size > 1
-                                                 else "")
+                                                 else "") + experts
             + f" PP{plan.pipeline_parallel_size}" + split
             + (f"x{plan.virtual_pipeline_stages}" if plan.interleaved else "")
             + f" DP{plan.data_parallel_size} mbs{plan.micro_batch_size} SP{'+' if plan.sequence_parallel else '-'} "
@@ -66,12 +72,21 @@ def check_pins(req) -> None:
 
     pins = req.pins
     tp, pp = pins.tensor_parallel_size or 1, pins.pipeline_parallel_size or 1
-    data_parallel_size(req.num_gpus, tp, pp, None)
+    dp = data_parallel_size(req.num_gpus, tp, pp, None)
     vpp = pins.virtual_pipeline_stages if pins.pipeline_parallel_size is not None else None
+    sp = bool(pins.sequence_parallel) and pins.tensor_parallel_size is not None
+    experts = {}
+    if pins.expert_model_parallel_size is not None or pins.expert_tensor_parallel_size is not None:
+        # the widest stage the pins leave (every other GPU data-parallel), which any expert layout must tile;
+        # sequence parallelism unless it is pinned off, since the search turns it on where EP and TP meet
+        experts = {"expert_model_parallel_size": pins.expert_model_parallel_size or 1,
+                   "expert_tensor_parallel_size": pins.expert_tensor_parallel_size, "data_parallel_size": dp}
+        sp = pins.sequence_parallel is not False and tp > 1
     probe = build(ParallelPlan, {
         "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "virtual_pipeline_stages": vpp or 1,
-        "sequence_parallel": bool(pins.sequence_parallel) and pins.tensor_parallel_size is not None,
-        "global_batch_size": pp, "precision": req.precision,  # pp micro-batches: what interleaving needs
+        "sequence_parallel": sp, **experts,
+        # pp micro-batches per pipeline: what interleaving needs
+        "global_batch_size": pp * experts.get("data_parallel_size", 1), "precision": req.precision,
     }, "pinned plan")
     build(Job, {"model": req.model, "cluster": req.cluster, "plan": probe}, "pinned plan")
 
@@ -93,6 +108,13 @@ def check_pins(req) -> None:
 @click.option("--micro-batch-size", "--mbs", "mbs", type=MICRO_BATCH, default=None, help="Pin the micro-batch.")
 @click.option("--context-parallel-size", "--cp", "cp", type=click.IntRange(min=1), default=None,
               help="Pin context parallelism (searched for sequences of 4,096 tokens and more by default).")
+@click.option("--expert-model-parallel-size", "--ep", "ep", type=PARALLEL_SIZE, default=None,
+              help="Mixture of experts: pin expert parallelism (must divide the experts).")
+@click.option("--expert-tensor-parallel-size", "--etp", "etp", type=PARALLEL_SIZE, default=None,
+              help="Mixture of experts: pin the expert tensor-parallel size.")
+@click.option("--moe-load-imbalance", "moe_load_imbalance", type=LOAD_IMBALANCE, default=None, metavar="FLOAT",
+              help="Mixture of experts: plan for the busiest expert rank getting this many times its balanced share "
+                   "of tokens (>= 1; replaces the model's).")
 @click.option("--fp8-format", "fp8", type=click.Choice(["hybrid", "e4m3"]), default=None,
               help="Every plan runs its linear layers in FP8 (Transformer Engine, Hopper only).")
 @click.option("--sequence-parallel/--no-sequence-parallel", "--sp/--no-sp", "sp", default=None,
@@ -128,9 +150,10 @@ def check_pins(req) -> None:
 def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, cp, fp8, sp,
                    recompute, dopt,
                    precision, backend, flash, overlap, profile_path, pareto_path, trace_path, as_json, all_plans=False,
-                   csv_path=None, plots_dir=None, html_path=None):
+                   csv_path=None, plots_dir=None, html_path=None, ep=None, etp=None, moe_load_imbalance=None):
     """Search every valid plan (TP, PP, virtual stages, micro-batch, SP, recompute, distributed optimizer)
-    for the fastest that fits in GPU memory."""
+    for the fastest that fits in GPU memory. For mixture-of-experts models MFU and days count the active
+    parameters (the experts a token is routed to), not every expert."""
     from simulator.describe import run_settings, settings_json
     from simulator._io import build
     from simulator.hardware import load_cluster
@@ -141,12 +164,13 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     from simulator.search import SearchPins, SearchRequest, search
 
     with collected_notes() as notes:
-        model_spec = load_model(model, seq_length)
+        model_spec = with_load_imbalance(load_model(model, seq_length), moe_load_imbalance)
     req = build(SearchRequest, dict(
         model=model_spec, cluster=load_cluster(cluster), num_gpus=gpus, global_batch_size=global_batch_size,
         pins=SearchPins(tensor_parallel_size=tp, pipeline_parallel_size=pp, virtual_pipeline_stages=vpp,
                         micro_batch_size=mbs, sequence_parallel=sp, recompute_granularity=recompute,
-                        use_distributed_optimizer=dopt, context_parallel_size=cp),
+                        use_distributed_optimizer=dopt, context_parallel_size=cp,
+                        expert_model_parallel_size=ep, expert_tensor_parallel_size=etp),
         fp8_format=fp8, precision=precision, use_flash_attention=flash or backend not in ("unfused", "local"),
         overlap_grad_reduce=overlap,
     ), "search")
@@ -225,6 +249,8 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
                f"{len(result.screened)} screened, {result.simulated} simulated in {result.elapsed_s:.1f} s")
     for note in notes:
         click.echo(f"note: {note}")
+    if req.model.is_moe:
+        click.echo(experts_line(req.model))
     click.echo("")
     header = (f"{'#':>2}  {'plan':44s} {'iter (s)':>9} {'band (s)':>13} {'MFU':>6} {'peak GiB':>9}"
               + (f" {'days':>7}" if tokens else ""))

@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from calibration.reference.launch import run_batch  # noqa: E402
+from simulator._io import build  # noqa: E402
 from simulator.hardware import load_cluster  # noqa: E402
 from simulator.layers import transformer_layer  # noqa: E402
 from simulator.model import ModelSpec  # noqa: E402
@@ -429,8 +430,16 @@ def test_the_loop_refuses_what_its_moe_layer_does_not_implement():
         (MOE.model_copy(update={"swiglu": True}), {}, "does not implement swiglu; use a GeLU MLP$"),
     ]
     for model, plan, message in cases:
+        # the expert layouts are refused by Job itself too (below); the loop checks again for jobs built unchecked
+        unchecked = _job(NO_DROPOUT)
+        unchecked = Job.model_construct(model=model, cluster=unchecked.cluster,
+                                        plan=unchecked.plan.model_copy(update=plan))
         with pytest.raises(ConfigError, match=message):
-            check_supported(_job(model, **plan))
+            check_supported(unchecked)
+    for model, plan, message in cases[2:5]:
+        with pytest.raises(ConfigError, match=message.rstrip("$")):
+            build(Job, {"model": model, "cluster": load_cluster("dgx-a100-80gb"),
+                        "plan": {"precision": "fp32", "global_batch_size": 4, **plan}}, "job")
     check_supported(LAYOUTS["moe-ep2-tp2"][1])
 
 
