@@ -560,8 +560,14 @@ class MoEMLP(Module):
         g.add(gemm("experts.fc2", self._expert_shape(h, f), saves=(SavedTensor("experts.fc2.input", tokens * f, ab),)))
         self._combine(g, routed, tokens)
 
+    def _tokens_per_expert(self, g: GraphBuilder) -> None:
+        """The per-expert token counts copied to the host, which sizes the all-to-all's splits and the
+        experts' GEMMs from them: the host waits for the device to drain here, once per MoE layer forward."""
+        g.add(replace(elementwise("moe.tokens_per_expert", self.experts, 1, 1, INDEX_BYTES), host_sync=True))
+
     def _dispatch(self, g: GraphBuilder, routed: int, tokens: int) -> None:
         dm, ab, h = self.dm, self.dm.ab, self.dm.h
+        self._tokens_per_expert(g)
         # the permutation's index map (int64), kept to unpermute: one per copy the permute moves, on
         # the routing side (alltoall) or on the experts' side (allgather)
         if self.dispatcher == "alltoall":

@@ -91,6 +91,7 @@ class Op:
     # flash attention: (batch x heads, sequence, head size, causal) for the attention cost model
     attention: tuple[int, int, int, bool] | None = None
     kernel: str = ""  # memory-bound ops: the calibration's kernel class (layer_norm, dropout, ...)
+    host_sync: bool = False  # the host copies a result to itself first, so it waits for the device to drain
 
     @property
     def stream(self) -> Stream:

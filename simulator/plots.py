@@ -399,6 +399,40 @@ def tp_pp_heatmap_figure(data: dict, path: Path) -> dict[str, Any]:
 
 
 # kind -> (the figure_data kind it draws, the function)
+def moe_ep_figure(data: dict, path: Path) -> dict[str, Any]:
+    """Iteration time (the all-to-all part apart) and peak memory (by kind) against the EP size."""
+    plt = _pyplot()
+    pts = data["points"]
+    xs = range(len(pts))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.8))
+    dispatch = [q["dispatch_s"] for q in pts]
+    rest = [q["iteration_time_s"] - d for q, d in zip(pts, dispatch)]
+    left.bar(xs, rest, color="tab:blue", label="rest of the iteration")
+    left.bar(xs, dispatch, bottom=rest, color="tab:red", label="MoE dispatch + combine (all-to-all)")
+    for i, q in enumerate(pts):
+        left.text(i, q["iteration_time_s"], f"{q['iteration_time_s']:.2f} s\nMFU {q['mfu']:.0%}", ha="center",
+                  va="bottom", fontsize=7)
+    left.set_ylabel("seconds per iteration")
+    left.set_ylim(0, max(q["iteration_time_s"] for q in pts) * 1.25)
+    bottom = [0.0] * len(pts)
+    for key, label, color in (("states_gib", "weights+grads+optimizer", "tab:blue"),
+                              ("activations_gib", "activations", "tab:orange"),
+                              ("other_gib", "transient+reserve", "tab:gray")):
+        values = [q[key] for q in pts]
+        right.bar(xs, values, bottom=bottom, color=color, label=f"{label} (GiB)")
+        bottom = [b + v for b, v in zip(bottom, values)]
+    cap = data["capacity_gib"]
+    right.axhline(cap, color="k", ls="--", lw=1, label=f"GPU memory ({cap:.0f} GiB)")
+    right.set_ylabel("peak GiB per GPU (largest stage)")
+    for ax in (left, right):
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([f"EP {q['ep']}" for q in pts])
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    fig.suptitle(data["title"], fontsize=9)
+    return _finish(plt, fig, path)
+
+
 FIGURES: dict[str, tuple[str, Callable[[dict, Path], dict]]] = {
     "pareto": ("pareto", pareto_figure),
     "timeline": ("timeline", timeline_figure),
@@ -410,6 +444,7 @@ FIGURES: dict[str, tuple[str, Callable[[dict, Path], dict]]] = {
     "stage-memory": ("stage-memory", stage_memory_figure),
     "parity": ("parity", parity_figure),
     "tp-pp-heatmap": ("tp-pp-heatmap", tp_pp_heatmap_figure),
+    "moe-ep": ("moe-ep", moe_ep_figure),
 }
 
 

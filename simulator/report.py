@@ -318,7 +318,7 @@ def _claims() -> tuple[list[str], dict]:
 # README_ORDER.
 
 README_ORDER = ("decomposition", "search_figures", "validation", "figure8", "figures_1_7", "parity", "claims", "memory",
-                "timeline", "scaling", "trust")
+                "timeline", "scaling", "trust", "moe")
 
 
 def _step_decomposition(_: dict) -> dict:
@@ -358,6 +358,7 @@ def _step_validation(deps: dict) -> dict:
 def steps(html: bool = False) -> list[Step]:
     """The report's steps, each after the steps it reads."""
     from simulator import report_figures as rf
+    from simulator import report_moe
 
     scenarios = [[s.model, s.gpus, s.global_batch_size, s.standard_pp] for s in SCENARIOS]
     out = [
@@ -372,6 +373,7 @@ def steps(html: bool = False) -> list[Step]:
         Step("timeline", rf.step_timeline, deps=("decomposition",)),
         Step("scaling", rf.step_scaling, params=[list(GPU_COUNTS), TOKENS]),
         Step("trust", _step_trust, deps=("decomposition",)),
+        Step("moe", report_moe.step_moe),
     ]
     if html:
         out.append(Step("html", rf.step_html, deps=("decomposition",)))

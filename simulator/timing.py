@@ -63,6 +63,7 @@ class Span:
     device_s: float
     cold_s: float
     asynchronous: bool = True
+    host_sync: bool = False  # the host waits for the device inside the span: every repetition starts cold
 
     @staticmethod
     def host_only(host_s: float, asynchronous: bool = True) -> "Span":
@@ -70,7 +71,9 @@ class Span:
 
     @property
     def steady_s(self) -> float:
-        """Time per repetition once the queue is in steady state."""
+        """Time per repetition once the queue is in steady state (from an empty queue, if the host waits)."""
+        if self.host_sync:
+            return self.cold_s
         return max(self.host_s, self.device_s) if self.asynchronous else self.host_s + self.device_s
 
     @property
@@ -79,14 +82,16 @@ class Span:
         return max(self.cold_s - self.device_s, 0.0)
 
     def then(self, other: "Span") -> "Span":
-        cold = (max(self.cold_s + other.device_s, self.host_s + other.cold_s) if self.asynchronous
-                else self.cold_s + other.cold_s)
-        return Span(self.host_s + other.host_s, self.device_s + other.device_s, cold, self.asynchronous)
+        cold = (max(self.cold_s + other.device_s, self.host_s + other.cold_s)
+                if self.asynchronous and not other.host_sync else self.cold_s + other.cold_s)
+        return Span(self.host_s + other.host_s, self.device_s + other.device_s, cold, self.asynchronous,
+                    self.host_sync or other.host_sync)
 
     def times(self, n: int) -> "Span":
         if n <= 0:
             return Span(0.0, 0.0, 0.0, self.asynchronous)
-        return Span(n * self.host_s, n * self.device_s, self.cold_s + (n - 1) * self.steady_s, self.asynchronous)
+        return Span(n * self.host_s, n * self.device_s, self.cold_s + (n - 1) * self.steady_s, self.asynchronous,
+                    self.host_sync)
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,7 @@ class PhaseTimeline:
     host_s: float = 0.0  # CPU time to issue the phase's ops
     cold_s: float = 0.0  # from an empty queue, the host issuing as it goes, until the device is done
     asynchronous: bool = True
+    host_sync: bool = False  # an op makes the host wait for the device (e.g. MoE token counts)
 
     @property
     def exposed_comm_s(self) -> float:
@@ -109,7 +115,7 @@ class PhaseTimeline:
 
     @property
     def span(self) -> Span:
-        return Span(self.host_s, self.duration_s, self.cold_s, self.asynchronous)
+        return Span(self.host_s, self.duration_s, self.cold_s, self.asynchronous, self.host_sync)
 
     @property
     def steady_s(self) -> float:
@@ -138,6 +144,7 @@ def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | 
     t0 = cold_t0 = issued = 0.0
     flops = 0.0
     cold_overlap: list[OpInterval] = []
+    synced = False
     for graph, is_backward in zip(graphs, backward):
         end: dict[str, float] = {}
         cold_end: dict[str, float] = {}
@@ -148,6 +155,9 @@ def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | 
             if asynchronous:
                 ready = max((end[p] for p in preds), default=t0)
                 start = max(ready, stream_free[op.stream])
+                if op.host_sync:  # the host waits until the device has run everything issued so far
+                    issued = max(issued, *cold_free.values())
+                    synced = True
                 issued += host
                 cold_start = max(max((cold_end[p] for p in preds), default=cold_t0), cold_free[op.stream], issued)
             else:  # one thread: every op after the previous one, and after its own issue
@@ -170,7 +180,7 @@ def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | 
     comm = sum(iv.end_s - iv.start_s for iv in intervals if iv.stream is Stream.tp_comm)
     slow = cost.overlap_compute_slowdown
     return PhaseTimeline(tuple(intervals), makespan + slow * _overlap_s(intervals), compute, comm, flops,
-                         issued, max(cold + slow * _overlap_s(cold_overlap), issued), asynchronous)
+                         issued, max(cold + slow * _overlap_s(cold_overlap), issued), asynchronous, synced)
 
 
 def _overlap_s(intervals: list[OpInterval]) -> float:
@@ -210,7 +220,7 @@ class LayerTimes:
         def scaled(tl: PhaseTimeline, duration_s: float) -> PhaseTimeline:
             k = duration_s / tl.steady_s if tl.steady_s else 0.0
             return PhaseTimeline(tl.intervals, tl.duration_s * k, tl.compute_s * k, tl.tp_comm_s * k, tl.flops,
-                                 tl.host_s * k, tl.cold_s * k, tl.asynchronous)
+                                 tl.host_s * k, tl.cold_s * k, tl.asynchronous, tl.host_sync)
 
         return LayerTimes(forward_s, backward_s, recompute_s, scaled(self.forward, forward_s),
                           scaled(self.backward, backward_s + recompute_s), scaled(self.backward_only, backward_s))

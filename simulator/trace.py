@@ -77,19 +77,18 @@ class _StepParts:
 
     def __init__(self, sim: Simulation, job: Job):
         self.job, self.sim = job, sim
-        layer = transformer_layer(job.model, job.plan)
+        self.fwd_ops, self.bwd_ops = {}, {}
+        for moe in ((False, True) if job.model.is_moe else (False,)):
+            layer = transformer_layer(job.model, job.plan, moe)
+            self.fwd_ops[moe], self.bwd_ops[moe] = _ops(layer.forward), _ops(layer.recompute, layer.backward)
         emb, out = embedding_extras(job.model, job.plan), output_extras(job.model, job.plan)
-        self.fwd_ops, self.bwd_ops = _ops(layer.forward), _ops(layer.recompute, layer.backward)
         self.emb = (_ops(emb.forward), _ops(emb.backward))
         self.out = (_ops(out.forward), _ops(out.backward))
         self._cache: dict[tuple[int, int, Phase], list[_Part]] = {}
 
     def first_layer(self, stage: int, chunk: int) -> int:
-        """The global index of the chunk's first layer: model chunks in order, chunk-major (Megatron's
-        ``get_transformer_layer_offset``), so uneven chunks shift every later one."""
-        split = self.job.chunk_layers
-        return sum(split[s][c] for c in range(chunk) for s in range(len(split))) + sum(
-            split[s][chunk] for s in range(stage))
+        """The global index of the chunk's first layer (``Job.chunk_first_layer``)."""
+        return self.job.chunk_first_layer(stage, chunk)
 
     def __call__(self, stage: int, chunk: int, phase: Phase) -> list[_Part]:
         key = (stage, chunk, phase)
@@ -98,18 +97,20 @@ class _StepParts:
         return self._cache[key]
 
     def _build(self, stage: int, chunk: int, phase: Phase) -> list[_Part]:
-        job, lt, ext = self.job, self.sim.layer, self.sim.extras
+        job, sim, ext = self.job, self.sim, self.sim.extras
+        kind = job.model.is_moe_layer
         p, v = job.plan.pipeline_parallel_size, job.plan.virtual_pipeline_stages
         n, first = job.chunk_layers[stage][chunk], self.first_layer(stage, chunk)
         embedding, output = stage == 0 and chunk == 0, stage == p - 1 and chunk == v - 1
         if phase is Phase.forward:
             parts = [_Part("embedding", ext.embedding_forward, self.emb[0])] if embedding else []
-            parts += [_Part(first + i, lt.forward, self.fwd_ops) for i in range(n)]
+            parts += [_Part(first + i, sim.layer_of(kind(first + i)).forward, self.fwd_ops[kind(first + i)])
+                      for i in range(n)]
             return parts + ([_Part("output", ext.output_forward, self.out[0])] if output else [])
         recomputed = _recomputed_layers(job, n)
         parts = [_Part("output", ext.output_backward, self.out[1])] if output else []
-        parts += [_Part(first + i, lt.backward if i < recomputed else lt.backward_only, self.bwd_ops)
-                  for i in reversed(range(n))]
+        parts += [_Part(first + i, (lambda lt: lt.backward if i < recomputed else lt.backward_only)(
+                      sim.layer_of(kind(first + i))), self.bwd_ops[kind(first + i)]) for i in reversed(range(n))]
         return parts + ([_Part("embedding", ext.embedding_backward, self.emb[1])] if embedding else [])
 
 
@@ -224,7 +225,7 @@ def trace_events(sim: Simulation, job: Job, detail: Iterable[int] = (0,)) -> lis
     # one activation (or its gradient) per TP rank between stages (Megatron sends a 1/t slice; see estimate)
     p2p_bytes = model.seq_length * plan.micro_batch_size * model.hidden_size * ab // t
     grad_kind = CollectiveKind.reduce_scatter if plan.use_distributed_optimizer else CollectiveKind.all_reduce
-    saved = [[chunk_activations(job, n)[0] for n in chunks] for chunks in job.chunk_layers]
+    saved = [[chunk_activations(job, runs)[0] for runs in chunks] for chunks in job.layer_runs]
     emb_saved = embedding_extras(model, plan).activation_bytes()
     out_saved = output_extras(model, plan).activation_bytes()
 

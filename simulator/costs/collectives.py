@@ -128,12 +128,29 @@ class CollectiveModel:
                                    sharing=max(1, gpn // self.cluster.nics_per_node) if inter else 1)
         key = (kind, nbytes, group)
         if key not in self._cache:
-            t = self._flat(kind, nbytes, group)
             shape = self.network.ring(group.size, group.stride)
+            if kind is CollectiveKind.all_to_all and shape.nodes > 1:
+                self._cache[key] = self._all_to_all_s(nbytes, group, shape)
+                return self._cache[key]
+            t = self._flat(kind, nbytes, group)
             if shape.nodes > 1 and shape.per_node > 1:
                 t = min(t, self._hierarchical(kind, nbytes, group, shape))
             self._cache[key] = t
         return self._cache[key]
+
+    def _all_to_all_s(self, nbytes: float, group: Group, shape) -> float:
+        """An all-to-all across nodes: every member sends 1/n of its buffer to each other member at once
+        (NCCL's grouped sends), so no ring carries it. What is bound for other nodes leaves through the
+        node's NICs, which every GPU of the node shares (sibling groups exchange at the same time); the
+        rest crosses NVLink; the two run together and the slower sets the time."""
+        n, g, c = group.size, shape.per_node, self.cluster
+        nic_gbps = c.nic_bandwidth_gbps_per_gpu * min(self.net.max_busbw_gbps / (c.nic_line_rate_gbit_s / 8), 1.0)
+        inter_s = nbytes * (n - g) / n / (ramp(self.net, nbytes) * nic_gbps * 1e9)
+        intra_s = 0.0
+        if g > 1:
+            local = self.network.ring(g, group.stride)
+            intra_s = nbytes * (g - 1) / n / (ramp(self.nvlink, nbytes) * local.busbw_gbps * 1e9)
+        return self.nvlink.latency_s + self._step_latency_s(shape) + max(inter_s, intra_s)
 
     def busbw_gbps(self, kind: CollectiveKind, nbytes: float, group: Group) -> float:
         """Bus bandwidth as nccl-tests reports it, for comparison with published curves."""
