@@ -44,7 +44,8 @@ class Breakdown(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     compute_s: float = Field(description="Compute kernels (GEMMs, attention, memory-bound ops), recompute included.")
-    tp_communication_s: float = Field(description="Tensor-parallel collectives not hidden behind compute.")
+    tp_communication_s: float = Field(description="Tensor-parallel collectives not hidden behind compute (and, for "
+                                                  "an MoE model, the expert-parallel dispatch and combine).")
     pipeline_bubble_s: float = Field(description="Compute stream idle for want of work (warm-up, cool-down, imbalance).")
     pipeline_transfer_s: float = Field(description="Idle while an activation or gradient was in flight.")
     data_parallel_s: float = Field(description="Gradient reduction not hidden behind the backward pass.")

@@ -110,11 +110,17 @@ def render(job, est, notes: list[str] = ()) -> str:
         "",
         f"breakdown (stage {est.critical_stage}):",
     ]
-    for name, value in (("compute", b.compute_s), ("TP communication (exposed)", b.tp_communication_s),
+    moe = est.expert_dispatch_s is not None
+    for name, value in (("compute", b.compute_s),
+                        ("TP + EP communication (exposed)" if moe else "TP communication (exposed)",
+                         b.tp_communication_s),
                         ("pipeline bubble", b.pipeline_bubble_s), ("pipeline transfers (exposed)", b.pipeline_transfer_s),
                         ("DP gradient reduction (exposed)", b.data_parallel_s), ("optimizer", b.optimizer_s),
                         ("waiting for the host", b.host_overhead_s)):
         lines.append(f"  {name:32s} {value:9.3f} s  {value / T * 100:5.1f} %")
+        if moe and name.startswith("TP + EP"):
+            lines.append(f"    MoE dispatch + combine, busy {est.expert_dispatch_s:9.3f} s  "
+                         f"{est.expert_dispatch_s / T * 100:5.1f} %   (partly under the backward's compute)")
     mem = est.memory
     worst = mem.stages[mem.overflowing_stage if mem.overflowing_stage is not None else
                        max(range(len(mem.stages)), key=lambda i: mem.stages[i].peak_bytes)]
