@@ -322,12 +322,14 @@ def _chunk_activations(model: ModelSpec, key: LayerKey, policy, runs: tuple[tupl
     heaviest = max(x[0] for x in saved.values())
     if policy.method is RecomputeMethod.uniform:
         return -(-n // k) * layer_input, k * heaviest - layer_input
-    # block: the first k layers keep their input, the rest everything
-    kept, seen = k * layer_input, 0
+    # block: the first k layers keep their input, the rest everything; one of the first k is replayed at a time
+    kept, seen, replayed = k * layer_input, 0, 0
     for moe, count in runs:
         kept += max(0, min(count, seen + count - k)) * saved[moe][0]
+        if seen < k:
+            replayed = max(replayed, saved[moe][0])
         seen += count
-    return kept, heaviest - layer_input
+    return kept, replayed - layer_input
 
 
 def _reserve(activations: int, transient: int) -> int:
