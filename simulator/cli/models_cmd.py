@@ -34,19 +34,23 @@ def _arch(m: ModelSpec) -> str:
         parts.append("gqa")
     if m.untie_embeddings_and_output_weights:
         parts.append("untied")
+    if m.is_moe:  # ffn is then each expert's inner size
+        shared = "+shared" if m.moe_shared_expert_intermediate_size else ""
+        parts.append(f"moe {m.num_experts}x top-{m.moe_router_topk}{shared} "
+                     f"({format_parameters(m.num_parameters(active=True))} active)")
     return "/".join(parts)
 
 
 def model_row(m: ModelSpec) -> dict[str, Any]:
     """One model for ``--json``: its ModelSpec fields plus the derived sizes."""
     return {**m.model_dump(mode="json"), "ffn_size": m.ffn_size, "query_groups": m.query_groups,
-            "num_parameters": m.num_parameters()}
+            "num_parameters": m.num_parameters(), "active_parameters": m.num_parameters(active=True)}
 
 
 def render_table(models: list[ModelSpec]) -> str:
     rows = [_COLUMNS] + [
         (m.name, str(m.num_layers), str(m.hidden_size), str(m.num_attention_heads), str(m.query_groups),
-         str(m.ffn_size), str(m.vocab_size), str(m.seq_length), format_parameters(m.num_parameters()), _arch(m))
+         str(m.expert_ffn_size if m.is_moe else m.ffn_size), str(m.vocab_size), str(m.seq_length), format_parameters(m.num_parameters()), _arch(m))
         for m in models
     ]
     return text_table(_COLUMNS, rows[1:], frozenset({0, len(_COLUMNS) - 1}))
