@@ -117,6 +117,24 @@ def bench_search() -> None:
           f"enumerated, {len(result.screened) / elapsed:.0f} plans/s screened)")
     best = result.best
     print(f"  best: {best.estimate.iteration_time_s:.2f} s/iteration, MFU {best.estimate.mfu * 100:.1f} %")
+    bench_moe_search()
+
+
+def bench_moe_search() -> None:
+    """The search of a mixture-of-experts model, whose space EP and ETP multiply."""
+    from simulator.hardware import load_cluster
+    from simulator.model import PRESETS
+    from simulator.search import SearchRequest, search
+
+    for name, gpus, batch in (("mixtral-8x7b", 64, 1024), ("mixtral-8x7b", 256, 1024),
+                              ("deepseek-v3-style", 2048, 4096)):
+        req = SearchRequest(model=PRESETS[name], cluster=load_cluster("dgx-h100"), num_gpus=gpus,
+                            global_batch_size=batch)
+        t0 = time.perf_counter()
+        result = search(req)
+        elapsed = time.perf_counter() - t0
+        print(f"search: {name} on {gpus:,} H100, global batch {batch:,}: {result.enumerated} enumerated, "
+              f"{len(result.screened)} screened, {result.simulated} simulated; {elapsed:.2f} s wall")
 
 
 def bench_sweep() -> None:

@@ -324,3 +324,33 @@ def _cpu_sets(folder: Path) -> list[dict[str, Any]]:
 def plan_settings(job: Job) -> dict[str, Any]:
     return {"model": job.model.name, "cluster": job.cluster.name, "num_gpus": job.num_gpus,
             "global_batch_size": job.plan.global_batch_size, **settings_json(job.model, job.plan)}
+
+
+def moe_ep_data(job: Job, profile=None) -> dict[str, Any]:
+    """Iteration time, MFU, all-to-all time and memory of an MoE plan at each expert-parallel size the rules
+    allow with everything else kept (EP divides the experts and, with ETP, tiles a stage's ranks)."""
+    from simulator.errors import ConfigError
+    from simulator.estimate import estimate
+
+    if not job.model.is_moe:
+        raise ConfigError(f"the moe-ep figure needs a mixture-of-experts model, and {job.model.name} is dense; "
+                          "use --model mixtral-8x7b or another MoE model")
+    plan = job.plan
+    stage_ranks = plan.tensor_parallel_size * plan.context_parallel_size * plan.data_parallel_size
+    points = []
+    for ep in (e for e in range(1, job.model.num_experts + 1) if job.model.num_experts % e == 0):
+        if stage_ranks % (ep * plan.expert_tp_size) or (ep > 1 and plan.tensor_parallel_size > 1
+                                                         and not plan.sequence_parallel):
+            continue
+        variant = Job(model=job.model, cluster=job.cluster, plan=plan.model_copy(
+            update={"expert_model_parallel_size": ep}))
+        est = estimate(variant, profile)
+        stage = max(est.memory.stages, key=lambda s: s.peak_bytes)
+        points.append({"ep": ep, "iteration_time_s": est.iteration_time_s, "mfu": est.mfu,
+                       "dispatch_s": est.expert_dispatch_s,
+                       "states_gib": gib(stage.weights_bytes + stage.gradients_bytes + stage.optimizer_bytes),
+                       "activations_gib": gib(stage.activations_bytes),
+                       "other_gib": gib(stage.transient_bytes + stage.reserve_bytes),
+                       "peak_gib": gib(est.memory.peak_bytes), "fits": est.memory.fits})
+    return {"kind": "moe-ep", "title": f"{job_title(job)}\n{layout(plan)}; EP varied", "points": points,
+            "capacity_gib": gib(job.cluster.gpu.memory_bytes)}

@@ -21,8 +21,9 @@ if TYPE_CHECKING:  # the engine and the search load when a figure is computed, n
 
 PLAN_KINDS = ("timeline", "stage-memory", "memory-vs-micro-batch", "memory-breakdown", "time-breakdown")
 SEARCH_KINDS = ("pareto", "time-breakdown", "tp-pp-heatmap", "days-vs-gpus", "mfu-vs-gpus")
+# moe-ep: a plan's figure for mixture-of-experts models only, so not among every plan's figures
 KINDS = ("pareto", "timeline", "days-vs-gpus", "mfu-vs-gpus", "memory-breakdown", "memory-vs-micro-batch",
-         "time-breakdown", "stage-memory", "parity", "tp-pp-heatmap")
+         "time-breakdown", "stage-memory", "parity", "tp-pp-heatmap", "moe-ep")
 
 
 def default_gpu_counts(num_gpus: int) -> list[int]:
@@ -50,6 +51,8 @@ def plan_data(kind: str, job: Job, sim: Simulation | None = None, profile=None,
         return fd.time_breakdown_data([(job.plan, est)], fd.job_title(job))
     if kind == "parity":
         return fd.parity_data(profile)
+    if kind == "moe-ep":
+        return fd.moe_ep_data(job, profile)
     raise ValueError(f"{kind!r} is not a figure of one plan")
 
 
@@ -77,10 +80,13 @@ def draw(kind: str, data: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def write_plan_figures(job: Job, out: Path, sim: Simulation | None = None, profile=None,
-                       kinds: Iterable[str] = PLAN_KINDS + ("parity",)) -> dict[str, str]:
-    """The figures of one plan (and the parity figure) into ``out``; returns kind -> path."""
+                       kinds: Iterable[str] | None = None) -> dict[str, str]:
+    """The figures of one plan (and the parity figure; for an MoE model, moe-ep) into ``out``; returns
+    kind -> path."""
     from simulator.estimate import simulate_job
 
+    if kinds is None:
+        kinds = PLAN_KINDS + ("parity",) + (("moe-ep",) if job.model.is_moe else ())
     sim = sim if sim is not None and sim.engine.intervals else simulate_job(job, profile, record=True)
     written = {}
     for kind in kinds:
@@ -110,5 +116,6 @@ def write_search_figures(result: SearchResult, req: SearchRequest, out: Path, pr
         draw(kind, data, path)
         written[kind] = str(path)
     job = Job(model=req.model, cluster=req.cluster, plan=result.best.plan)
-    kinds = [k for k in PLAN_KINDS + ("parity",) if k not in written]  # the top plans' time breakdown stays
+    # the top plans' time breakdown stays
+    kinds = [k for k in PLAN_KINDS + ("parity",) + (("moe-ep",) if job.model.is_moe else ()) if k not in written]
     return written | write_plan_figures(job, out, profile=profile, kinds=kinds)

@@ -140,6 +140,7 @@ def chunk_in_flight(stage: int, chunk: int, p: int, m: int, v: int, gpipe: bool 
 # --- parameters ----------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=4096)
 def layer_parameters_per_rank(model: ModelSpec, tensor_parallel_size: int) -> int:
     """Parameters of one transformer layer on one TP rank.
 

@@ -429,7 +429,7 @@ def moe_ep_figure(data: dict, path: Path) -> dict[str, Any]:
         ax.set_xticklabels([f"EP {q['ep']}" for q in pts])
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle(data["title"], fontsize=9)
+    fig.suptitle(data["title"], fontsize=8)
     return _finish(plt, fig, path)
 
 

@@ -3,16 +3,13 @@ the expert-parallel size, with the share of the iteration in the token dispatch 
 
 from __future__ import annotations
 
-from typing import Any
-
 from simulator.errors import InfeasiblePlanError
-from simulator.estimate import estimate
+from simulator.figure_data import moe_ep_data
 from simulator.hardware import load_cluster
 from simulator.model import PRESETS
 from simulator.plan import Job, ParallelPlan
 from simulator.report import _describe, _table
 from simulator.search import SearchPins, SearchRequest, search
-from simulator.units import gib
 
 MODEL, CLUSTER, GPUS, GLOBAL_BATCH = "mixtral-8x7b", "dgx-h100", 64, 512
 EP_SIZES = (1, 2, 4, 8)
@@ -23,31 +20,16 @@ LAYOUT = dict(tensor_parallel_size=1, pipeline_parallel_size=4, data_parallel_si
               moe_grouped_gemm=True, overlap_grad_reduce=True)
 
 
+LAYOUT_TEXT = "TP 1, PP 4, DP 16, micro-batch 1, full recompute, distributed optimizer, alltoall, grouped GEMM"
+
+
 def _job(ep: int) -> Job:
     plan = ParallelPlan(global_batch_size=GLOBAL_BATCH, expert_model_parallel_size=ep, **LAYOUT)
     return Job(model=PRESETS[MODEL], cluster=load_cluster(CLUSTER), plan=plan)
 
 
-def moe_ep_data() -> dict[str, Any]:
-    points = []
-    for ep in EP_SIZES:
-        job = _job(ep)
-        est = estimate(job)
-        stage = max(est.memory.stages, key=lambda s: s.peak_bytes)
-        points.append({"ep": ep, "iteration_time_s": est.iteration_time_s, "mfu": est.mfu,
-                       "dispatch_s": est.expert_dispatch_s,
-                       "states_gib": gib(stage.weights_bytes + stage.gradients_bytes + stage.optimizer_bytes),
-                       "activations_gib": gib(stage.activations_bytes),
-                       "other_gib": gib(stage.transient_bytes + stage.reserve_bytes),
-                       "peak_gib": gib(est.memory.peak_bytes), "fits": est.memory.fits})
-    job = _job(1)
-    return {"kind": "moe-ep", "title": f"{MODEL} on {GPUS} H100 ({CLUSTER}), global batch {GLOBAL_BATCH}, "
-                                       f"{_describe(job.plan).split(', mbs')[0].replace('EP 1, ', '')}",
-            "points": points, "capacity_gib": gib(job.cluster.gpu.memory_bytes)}
-
-
 def step_moe(_: dict) -> dict:
-    data = moe_ep_data()
+    data = moe_ep_data(_job(1))
     model = PRESETS[MODEL]
     rows = [[str(q["ep"]), f"{q['iteration_time_s']:.2f}", f"{q['mfu'] * 100:.1f}%",
              f"{q['dispatch_s'] / q['iteration_time_s'] * 100:.1f}%", f"{q['states_gib']:.1f}",
@@ -66,7 +48,7 @@ def step_moe(_: dict) -> dict:
         best.append([str(ep), _describe(r.plan), f"{e.iteration_time_s:.2f}", f"{e.mfu * 100:.1f}%",
                      f"{e.expert_dispatch_s / e.iteration_time_s * 100:.1f}%"])
     lines = [f"## 8. Mixture of experts: {MODEL} on {GPUS} H100, iteration time and memory vs expert parallelism", "",
-             f"One layout ({data['title'].split(', ', 2)[-1]}) with the experts spread over EP ranks; each rank holds "
+             f"One layout ({LAYOUT_TEXT}) with the experts spread over EP ranks; each rank holds "
              f"{model.num_experts} / EP experts and exchanges every token's {model.moe_router_topk} copies with the "
              "others all-to-all (inside the node up to EP 8). MFU and days count the parameters a token passes "
              f"({model.num_parameters(active=True) / 1e9:.1f}B active of {model.num_parameters() / 1e9:.1f}B). The "

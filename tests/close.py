@@ -8,7 +8,11 @@ import math
 from pydantic import BaseModel
 
 REL = 1e-9
-ABS = 1e-12  # for fit residuals that are zero up to rounding
+ABS = 1e-12  # for values that are zero up to rounding
+# A fit's residuals are already relative errors (predicted / measured - 1), often near zero, where a relative
+# tolerance means nothing: two refits agree on them to about 1e-8 of the measurement, not to 1e-9 of the
+# residual.
+RESIDUAL_ABS = 1e-6
 
 
 def differences(a, b, rel: float = REL, path: str = "") -> list[str]:
@@ -24,7 +28,9 @@ def differences(a, b, rel: float = REL, path: str = "") -> list[str]:
             return [f"{path}: {len(a)} vs {len(b)} items"]
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, rel, f"{path}[{i}]")]
     if isinstance(a, float) or isinstance(b, float):
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=rel, abs_tol=ABS):
+        tolerance = RESIDUAL_ABS if ".residuals[" in path else ABS
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=rel,
+                                                                                       abs_tol=tolerance):
             return []
         return [f"{path}: {a!r} vs {b!r}"]
     return [] if a == b else [f"{path}: {a!r} vs {b!r}"]

@@ -219,5 +219,5 @@ def test_parity_draws_every_data_set_a_registry_declares(monkeypatch):
 
 
 def test_every_kind_is_drawable_from_a_plan_or_a_search():
-    assert set(figures.KINDS) == set(figures.PLAN_KINDS) | set(figures.SEARCH_KINDS) | {"parity"}
+    assert set(figures.KINDS) == set(figures.PLAN_KINDS) | set(figures.SEARCH_KINDS) | {"parity", "moe-ep"}
     assert set(figures.KINDS) == set(__import__("simulator.plots", fromlist=["FIGURES"]).FIGURES)

@@ -31,9 +31,12 @@ def test_every_published_gpu_has_a_profile_naming_its_gpu():
 
 
 def test_shipped_profiles_are_what_the_build_script_fits():
-    # A stale JSON (the data or the fit changed, the files were not rebuilt) fails here.
+    # A stale JSON (the data or the fit changed, the files were not rebuilt) fails here. The fits stop where
+    # least squares stops improving, and a threaded BLAS sums in another order from run to run: refits agree
+    # to about 1e-8 of each value, so they are compared to 1e-6, far below any change of the data or the model.
     for gpu in GPUS:
-        assert_close(build_profile(gpu), default_profile(gpu), hint="rebuild with python -m calibration.build_published_profiles")
+        assert_close(build_profile(gpu), default_profile(gpu), rel=1e-6,
+                     hint="rebuild with python -m calibration.build_published_profiles")
 
 
 def test_round_trip(tmp_path, a100):

@@ -168,3 +168,11 @@ def test_search_holds_the_pinned_expert_layout():
     for r in result.plans:
         assert (r.plan.expert_model_parallel_size, r.plan.expert_tp_size) == (4, 1)
         assert r.plan.sequence_parallel  # EP beside TP needs SP (Megatron's rule)
+
+
+def test_the_moe_ep_figure_of_a_plan(tmp_path):
+    out = tmp_path / "ep.png"
+    ok("plot", "moe-ep", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--pp", "4",
+       "--gbs", "256", "--recompute-granularity", "full", "--use-distributed-optimizer", "--out", str(out))
+    assert out.stat().st_size > 10_000
+    refused("plot", "moe-ep", "--gpus", "8", "--gbs", "8", "--out", str(tmp_path / "dense.png"), needle="dense")

@@ -69,7 +69,7 @@ def test_plan_plots_writes_every_figure_of_the_plan(tmp_path):
 def test_search_plots_writes_every_figure(tmp_path):
     result = run("search", *SMALL_SEARCH, "--tokens", "10e9", "--plots", tmp_path)
     assert result.exit_code == 0, result.output
-    assert sorted(p.stem for p in tmp_path.glob("*.png")) == sorted(KINDS)
+    assert sorted(p.stem for p in tmp_path.glob("*.png")) == sorted(set(KINDS) - {"moe-ep"})  # a dense model
     assert set(SEARCH_KINDS) <= set(KINDS)
 
 
