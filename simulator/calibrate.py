@@ -13,6 +13,7 @@ slowdown of compute beside NCCL kernels.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from calibration.microbench import RAW_FORMAT, RAW_VERSION
 from simulator import children
 from simulator._io import parse_json, read_text, short_repr, validation_message, write_output
 from simulator.costs.collectives import ramp
+from simulator.costs.elementwise import elementwise_time_s
 from simulator.costs.gemm import gemm_time_s
 from simulator.errors import ConfigError, ProfileError
 from simulator.fitting import (
@@ -38,6 +40,7 @@ from simulator.fitting import (
 )
 from simulator.calibrate_host import fit_host
 from simulator.hardware import GpuSpec, load_gpu
+from simulator.limits import CACHED_FRACTION_RANGE
 from simulator.profile import (
     SCHEMA_VERSION,
     AttentionParams,
@@ -278,8 +281,40 @@ def _fit_elementwise(raw: dict, gpu: GpuSpec) -> tuple[ElementwiseParams, list[B
     sources = {k: src for k in fit.params}
     if fractions:
         sources["kernel_fractions"] = f"fitted per kernel class ({', '.join(fractions)}), launch overhead shared"
-    block = ElementwiseParams(**fit.params, kernel_fractions=fractions or None, sources=sources, fits=tuple(records))
+    curves = _kernel_curves(rows, gpu.hbm_bandwidth_gbps, fit.params["launch_overhead_s"])
+    if curves:
+        sources["kernel_curves"] = (f"the measured sweeps of {', '.join(curves)}, the shared launch overhead taken "
+                                    "out; the fitted fractions are used for the other classes")
+    block = ElementwiseParams(**fit.params, kernel_fractions=fractions or None, kernel_curves=curves or None,
+                              sources=sources, fits=tuple(records))
+    for i, e in enumerate(errors):  # a class costed by its sweep: what the block gives back, not the unused fit
+        kernel = e.block.removeprefix("elementwise.")
+        if kernel in curves:
+            own = [r for r in rows if r["kernel"] == kernel]
+            given = elementwise_time_s(block, gpu.hbm_bandwidth_gbps, [r["bytes_moved"] for r in own], kernel)
+            errors[i] = _error(f"elementwise.{kernel} (measured sweep)",
+                               given / np.array([r["time_s"] for r in own]) - 1.0)
     return block, errors
+
+
+def _kernel_curves(rows: list[dict], hbm_gbps: float, launch_s: float) -> dict[str, tuple[tuple[float, float], ...]]:
+    """Each kernel class's sweep as (bytes, fraction of the HBM peak) where it is clean (time grows with size
+    up to noise): the achieved bandwidth changes with the working set (a CPU core's private cache against
+    the shared one), which one fraction per class cannot follow. A point at or under the launch overhead
+    says nothing of bandwidth and is left out."""
+    curves = {}
+    for kernel in sorted({r["kernel"] for r in rows}):
+        by_size: dict[float, list[float]] = {}
+        for r in rows:
+            if r["kernel"] == kernel:
+                by_size.setdefault(float(r["bytes_moved"]), []).append(float(r["time_s"]))
+        sweep = sorted((size, statistics.median(ts)) for size, ts in by_size.items())
+        low, high = CACHED_FRACTION_RANGE["ge"], CACHED_FRACTION_RANGE["le"]
+        points = tuple((size, min(high, max(low, size / ((t - launch_s) * hbm_gbps * 1e9))))
+                       for size, t in sweep if t > launch_s)
+        if len(points) >= 2 and _clean_sweep(sweep):
+            curves[kernel] = points
+    return curves
 
 
 def _attention_points(rows: list[dict]) -> list[tuple]:

@@ -69,6 +69,10 @@ GBPS_RANGE = dict(ge=1e-3, le=1e6)
 FRACTION_RANGE = dict(ge=1e-6, le=1)
 """A fraction of a peak that hardware achieves: at least a millionth."""
 
+CACHED_FRACTION_RANGE = dict(ge=1e-6, le=100)
+"""Achieved over peak memory bandwidth of a kernel whose working set stays in an on-chip cache, which
+can stream faster than the memory behind it (a CPU core's L2 several times its share of DRAM)."""
+
 FIXED_SECONDS_RANGE = dict(ge=0, le=1.0)
 """A fixed cost per kernel or per message, seconds."""
 

@@ -129,7 +129,15 @@ class GemmParams(_Block):
 
 
 class ElementwiseParams(_Block):
-    """Memory-bound kernels: time = launch_overhead_s + bytes / (hbm_bandwidth * achieved_fraction)."""
+    """Memory-bound kernels: time = launch_overhead_s + bytes / (hbm_bandwidth * fraction).
+
+    The fraction is ``achieved_fraction``, or the kernel class's own (``kernel_fractions``). Where a
+    class was measured over a sweep of sizes, ``kernel_curves`` keeps the sweep as measured, the
+    launch overhead taken out, and the fraction is interpolated (log-log) between its points and
+    held at the end points outside them: a CPU core streams a working set that fits its private
+    cache two to three times faster than one from the shared cache or memory, which no single
+    bandwidth describes (the curves of a GPU are flat past a few MiB).
+    """
 
     achieved_fraction: float = Field(description="Fraction of peak HBM bandwidth a fused kernel reaches.", **_FRACTION)
     launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
@@ -137,9 +145,30 @@ class ElementwiseParams(_Block):
         None, description="Achieved fraction per kernel class (layer_norm, dropout, gelu, softmax, bias_add_residual, "
                           "copy) where measured; the others use achieved_fraction.",
     )
+    kernel_curves: dict[str, tuple[tuple[float, float], ...]] | None = Field(
+        None, description="Per kernel class, measured (bytes_moved, fraction of peak HBM bandwidth) points, sizes "
+                          "increasing; the fraction at other sizes is interpolated log-log, held at the ends. A "
+                          "working set that stays in cache may stream faster than the peak (a fraction above 1).",
+    )
+
+    @model_validator(mode="after")
+    def _curves_are_curves(self) -> "ElementwiseParams":
+        for kernel, c in (self.kernel_curves or {}).items():
+            low, high = limits.CACHED_FRACTION_RANGE["ge"], limits.CACHED_FRACTION_RANGE["le"]
+            if len(c) < 2 or any(not (0 < size <= _SIZE["le"] and low <= frac <= high) for size, frac in c):
+                raise ValueError(f"kernel_curves[{kernel!r}] needs at least 2 points of (bytes, fraction) with sizes "
+                                 f"from 1 to 1e15 bytes and fractions from {low:g} to {high:g}; measure again or drop "
+                                 "the curve")
+            if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
+                raise ValueError(f"kernel_curves[{kernel!r}] sizes must increase strictly; sort the points and drop "
+                                 "repeated sizes")
+        return self
 
     def fraction(self, kernel: str) -> float:
         return (self.kernel_fractions or {}).get(kernel, self.achieved_fraction)
+
+    def curve(self, kernel: str) -> tuple[tuple[float, float], ...] | None:
+        return (self.kernel_curves or {}).get(kernel)
 
 
 class AttentionParams(_Block):

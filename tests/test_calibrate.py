@@ -337,3 +337,49 @@ def test_a_gpu_profile_takes_host_costs_issued_without_a_synchronize():
     assert host.op_s == pytest.approx(9e-6) and host.backward_op_s == pytest.approx(1.2e-5)
     assert host.collective_s == pytest.approx(1.5e-5) and "over 1 GPU" in host.sources["collective_s"]
     assert host.pipeline_exchange_s == published.pipeline_exchange_s
+
+
+def _with_cache_step(raw: dict, kernel: str = "copy", cache_bytes: float = 2**21, speedup: float = 2.7) -> dict:
+    """A CPU's streaming kernel: ``speedup`` times faster while its working set fits the core's cache."""
+    for r in raw["elementwise"]:
+        if r["kernel"] == kernel and r["bytes_moved"] < cache_bytes:
+            r["time_s"] /= speedup
+    return raw
+
+
+def test_a_kernel_sweep_across_the_cache_is_kept_as_measured_and_given_back():
+    """One bandwidth per class cannot follow a 2.7x step at the cache size; the measured sweep can."""
+    raw = _with_cache_step(_cpu_raw())
+    result = fit_profile(raw)
+    ew, gpu = result.profile.elementwise, load_gpu("cpu")
+    assert ew.curve("copy") is not None and "copy" in ew.sources["kernel_curves"]
+    for r in (r for r in raw["elementwise"] if r["kernel"] == "copy"):
+        assert float(elementwise_time_s(ew, gpu.hbm_bandwidth_gbps, r["bytes_moved"], "copy")) == \
+            pytest.approx(r["time_s"], rel=1e-9)
+    # between two measured sizes the time lies between theirs; past the sweep the end rate holds
+    sizes = sorted(p[0] for p in ew.curve("copy"))
+    t = [float(elementwise_time_s(ew, gpu.hbm_bandwidth_gbps, s, "copy")) for s in sizes]
+    mid = float(elementwise_time_s(ew, gpu.hbm_bandwidth_gbps, (sizes[0] * sizes[1]) ** 0.5, "copy"))
+    assert t[0] < mid < t[1]
+    big = float(elementwise_time_s(ew, gpu.hbm_bandwidth_gbps, 4 * sizes[-1], "copy"))
+    assert big == pytest.approx(ew.launch_overhead_s + 4 * (t[-1] - ew.launch_overhead_s), rel=1e-9)
+    assert any(e.block == "elementwise.copy (measured sweep)" and e.max_abs < 1e-9 for e in result.fit_errors)
+
+
+def test_a_noisy_kernel_sweep_keeps_the_fitted_fraction():
+    raw = _cpu_raw()
+    rows = [r for r in raw["elementwise"] if r["kernel"] == "layer_norm"]
+    rows[-1]["time_s"] = rows[-2]["time_s"] * 0.5  # a larger size twice as fast: noise, not a cache
+    ew = fit_profile(raw, check=False).profile.elementwise
+    assert ew.curve("layer_norm") is None and ew.curve("copy") is not None
+
+
+@pytest.mark.parametrize("curve, match", [
+    (((1024.0, 0.5),), "at least 2 points"),
+    (((1024.0, 0.5), (512.0, 0.4)), "increase strictly"),
+    (((1024.0, 0.5), (2048.0, 150.0)), "fractions from 1e-06 to 100"),
+])
+def test_broken_kernel_curves_are_refused(curve, match):
+    base = default_profile("A100-SXM4-80GB").elementwise.model_dump()
+    with pytest.raises(ValueError, match=match):
+        ElementwiseParams(**{**base, "kernel_curves": {"copy": curve}, "sources": {**base["sources"], "kernel_curves": "test"}})

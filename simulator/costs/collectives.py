@@ -18,11 +18,11 @@ reduce-scatter, inter-node collective on 1/g of the buffer, intra-node all-gathe
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from simulator.costs.curves import interpolate_log_log
 from simulator.costs.network import NETWORK, NVLINK, Network, RingShape
 from simulator.hardware import ClusterSpec
 from simulator.layers import CollectiveKind
@@ -45,19 +45,9 @@ def ramp(link: LinkParams, nbytes: float) -> float:
     """busbw(S) / busbw_max: the fraction of the large-message bus bandwidth a message of S bytes gets."""
     curve = link.ramp_curve
     if curve and curve[0][0] <= nbytes <= curve[-1][0]:
-        return _interpolate_log_log(curve, nbytes)
+        return interpolate_log_log(curve, nbytes)
     p = link.ramp_exponent
     return 1.0 / (1.0 + (link.half_size_bytes / nbytes) ** p) if link.half_size_bytes > 0 else 1.0
-
-
-def _interpolate_log_log(curve: tuple[tuple[float, float], ...], x: float) -> float:
-    # Bandwidth curves are close to straight between points a factor 2 apart on log-log axes.
-    i = bisect.bisect_left(curve, x, key=lambda point: point[0])
-    if curve[i][0] == x:
-        return curve[i][1]
-    (x0, y0), (x1, y1) = curve[i - 1], curve[i]
-    w = math.log(x / x0) / math.log(x1 / x0)
-    return math.exp((1 - w) * math.log(y0) + w * math.log(y1))
 
 
 def _factor(kind: CollectiveKind, n: int) -> float:
