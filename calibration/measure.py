@@ -153,7 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="CPU threads (cpu: 1 by default, one core standing for one device, as a rank of the reference loop gets)")
     p.add_argument("--world-size", type=int, default=None, help="collective ranks: GPUs on cuda, 2 on cpu")
     p.add_argument("--collective-modes", default="isolated,in_loop",
-                   help="isolated (each call alone), in_loop (right after a layer GEMM, as the step issues them)")
+                   help="isolated (each call alone), in_loop (right after the layer's MLP GEMMs, as the step issues them; the mean call)")
     return p.parse_args(argv)
 
 
@@ -232,11 +232,13 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                     info["error"] = (f"{world} GPU(s): NCCL needs one GPU per rank, so collectives need at least 2; "
                                      "take collective figures from a multi-GPU run or a published profile")
                 else:
-                    fc1 = next(g for g in layer_gemms(layer) if g.name == "fc1")
+                    # between two of its collectives a layer runs its MLP (or its attention): two GEMMs
+                    mlp = [g for g in layer_gemms(layer) if g.name in ("fc1", "fc2")]
                     res = run_collectives(backend="nccl" if gpu else "gloo", world_size=world,
                                           sizes=collective_sizes(args.quick, args.device),
                                           dtype=dtype, warmup=warmup, repeats=repeats, budget_s=budget.seconds,
-                                          modes=modes, compute_shape=(fc1.m, fc1.n, fc1.k), threads=threads)
+                                          modes=modes, compute_shapes=tuple((g.m, g.n, g.k) for g in mlp),
+                                          threads=threads)
                     raw["collectives"] = res["points"]
                     if res.get("host"):
                         raw["collective_host"] = res["host"]

@@ -382,7 +382,8 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None,
     n = int(sweep_rows[0]["group_size"])
     backend = sweep_rows[0].get("backend", "?")
     cap = _link_cap_gbps(gpu)
-    how = {"in_loop": "issued right after a layer GEMM without a barrier, as the training step issues it",
+    how = {"in_loop": "issued right after the layer's MLP GEMMs without a barrier, as the training step issues "
+                      "it (the mean call)",
            "isolated": "each call alone, the ranks entering together"}
     fits, errors, notes = [], [], []
     ar = fit_collective([(r["bytes"], r["time_s"]) for r in sweep_rows], n, kind="all_reduce", constrained=True,

@@ -273,7 +273,7 @@ def test_a_cpu_profile_takes_its_link_from_the_in_loop_collectives_and_records_t
     # the in-loop all-reduce of 1 KB took 1.4 ms: the link's latency (two inter-node steps) is that, not the 0.4 ms
     # of the isolated call
     assert 2 * link.latency_s == pytest.approx(1e-3 + CPU_LINK["latency_s"], rel=0.01)
-    assert "right after a layer GEMM" in link.sources["half_size_bytes"]
+    assert "right after the layer's MLP GEMMs" in link.sources["half_size_bytes"]
     assert any("isolated" in e.block for e in result.fit_errors)  # kept for comparison
     assert p.device.kind == "cpu" and p.device.threads == 1 and p.device.cores == 2
     assert p.device.load_average == (0.1, 0.2, 0.3)

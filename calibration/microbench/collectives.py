@@ -73,6 +73,7 @@ NOISY_SPREAD = 0.5  # (max - min) / median past which a point is measured again,
 MAX_TRIES = 3
 MODES = ("isolated", "in_loop")
 IN_LOOP_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+IN_LOOP_REPEATS = 3
 
 
 def _spread(samples: list[float]) -> float:
@@ -82,7 +83,7 @@ def _spread(samples: list[float]) -> float:
 
 def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[str], sizes: list[int],
             dtype_name: str, warmup: int, repeats: int, deadline: float, modes: list[str] = ("isolated",),
-            compute_shape: tuple[int, int, int] = (256, 1024, 256), threads: int = 1) -> None:
+            compute_shapes: tuple[tuple[int, int, int], ...] = ((256, 1024, 256),), threads: int = 1) -> None:
     torch.set_num_threads(threads)  # the ranks share the machine's cores, one thread each as the loop's ranks
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -94,12 +95,11 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
     esize = torch.empty((), dtype=dtype).element_size()
     flag = torch.zeros(1, device=device)
     sync_buf = torch.zeros(1, device=device)
-    # the layer-sized GEMM the training step runs before each of its collectives (in-loop mode)
-    rows, cols, inner = compute_shape
+    # the layer GEMMs the training step runs between two of its collectives (in-loop mode)
     gen = torch.Generator(device=device).manual_seed(rank + 11)
-    a = torch.randn(rows, inner, generator=gen, device=device).to(dtype)
-    b = torch.randn(inner, cols, generator=gen, device=device).to(dtype)
-    c = torch.empty(rows, cols, dtype=dtype, device=device)
+    gemms = [(torch.randn(rows, inner, generator=gen, device=device).to(dtype),
+              torch.randn(inner, cols, generator=gen, device=device).to(dtype),
+              torch.empty(rows, cols, dtype=dtype, device=device)) for rows, cols, inner in compute_shapes]
 
     def sync() -> None:
         dist.all_reduce(sync_buf)
@@ -120,32 +120,41 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
         return samples.tolist()
 
     def in_loop(run) -> list[float]:
-        """As the training step issues it: right after a layer-sized GEMM, no barrier. The time from the
-        call to its return holds the wait for the other ranks' GEMMs; the mean over ranks is what the
-        collective adds to a step beside the mean compute time."""
-        samples = torch.zeros(repeats, dtype=torch.float64, device=device)
-        compute = torch.zeros(repeats, dtype=torch.float64, device=device)
+        """As the training step issues it: right after the layer's GEMMs, no barrier. The time from the
+        call to its return holds the wait for the other ranks' GEMMs and for the waiting rank to be
+        woken; the mean over ranks is what the collective adds to a step beside the mean compute time.
+        ``compute`` is the first GEMM's time beside the other ranks'. A mean over a tail needs more
+        samples than a median: IN_LOOP_REPEATS times the isolated count."""
+        reps = IN_LOOP_REPEATS * repeats
+        samples = torch.zeros(reps, dtype=torch.float64, device=device)
+        compute = torch.zeros(reps, dtype=torch.float64, device=device)
         if device.type == "cuda":
-            marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(repeats)]
-        for i in range(repeats):
+            marks = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(reps)]
+        for i in range(reps):
             if device.type == "cuda":
                 marks[i][0].record()
-                torch.mm(a, b, out=c)
-                marks[i][1].record()
-                run()
+                for j, (a, b, c) in enumerate(gemms):
+                    torch.mm(a, b, out=c)
+                    if j == 0:
+                        marks[i][1].record()
                 marks[i][2].record()
+                run()
+                marks[i][3].record()
             else:
                 t0 = time.perf_counter()
-                torch.mm(a, b, out=c)
+                for j, (a, b, c) in enumerate(gemms):
+                    torch.mm(a, b, out=c)
+                    if j == 0:
+                        t_first = time.perf_counter()
                 t1 = time.perf_counter()
                 run()
                 samples[i] = time.perf_counter() - t1
-                compute[i] = t1 - t0
+                compute[i] = t_first - t0
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            for i in range(repeats):
+            for i in range(reps):
                 compute[i] = marks[i][0].elapsed_time(marks[i][1]) / 1e3
-                samples[i] = marks[i][1].elapsed_time(marks[i][2]) / 1e3
+                samples[i] = marks[i][2].elapsed_time(marks[i][3]) / 1e3
         dist.all_reduce(samples)
         dist.all_reduce(compute)
         compute_times.extend((compute / n).tolist())  # the GEMM beside the other ranks' GEMMs
@@ -162,7 +171,8 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
                 # rank 0 decides whether the point fits the budget, so that every rank agrees
                 if rank == 0:
                     per_rep = floor_s + (numel * esize / best_bw if best_bw else 0.0)
-                    flag.fill_(1.0 if time.time() + 0.2 + 2 * (warmup + repeats) * per_rep < deadline else 0.0)
+                    reps = repeats * (IN_LOOP_REPEATS if mode == "in_loop" else 1)
+                    flag.fill_(1.0 if time.time() + 0.2 + 2 * (warmup + reps) * per_rep < deadline else 0.0)
                 dist.broadcast(flag, 0)
                 if flag.item() == 0.0:
                     skipped.append(f"{kind} {mode} {numel * esize} bytes")
@@ -177,14 +187,17 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
                 while _spread(samples) > NOISY_SPREAD and tries < MAX_TRIES:
                     samples += timer(run)
                     tries += 1
-                t = statistics.median(samples)
+                # Isolated calls report the typical call (median). In the loop, a call's time sums into the
+                # step's: the mean, tail included (a waiting rank is sometimes woken a scheduler tick late).
+                t = statistics.median(samples) if mode == "isolated" else statistics.fmean(samples)
                 size = numel * esize
                 algbw = size / t / 1e9
                 points.append({"kind": kind, "mode": mode, "bytes": size, "group_size": n, "backend": backend,
                                "dtype": dtype_name, "time_s": t, "algbw_gbps": algbw,
                                "busbw_gbps": algbw * bus_factor(kind, n), "repeats": repeats, "tries": tries,
-                               "spread": _spread(samples),
-                               **({"compute_shape": list(compute_shape),
+                               "spread": _spread(samples), "median_s": statistics.median(samples),
+                               **({"compute_shape": list(compute_shapes[0]),
+                                   "compute_shapes": [list(c) for c in compute_shapes],
                                    "compute_s": statistics.median(compute_times)} if mode == "in_loop" else {})})
                 if rank == 0 and mode == "isolated":
                     floor_s = t if not floor_s else min(floor_s, t)
@@ -230,12 +243,12 @@ def single_rank_issue_cost(device: torch.device, dtype: torch.dtype) -> dict:
 
 def run_collectives(*, backend: str, world_size: int, sizes: list[int], dtype: torch.dtype, warmup: int,
                     repeats: int, budget_s: float, kinds: tuple[str, ...] = KINDS,
-                    modes: tuple[str, ...] = ("isolated",), compute_shape: tuple[int, int, int] = (256, 1024, 256),
-                    threads: int = 1) -> dict:
+                    modes: tuple[str, ...] = ("isolated",),
+                    compute_shapes: tuple[tuple[int, int, int], ...] = ((256, 1024, 256),), threads: int = 1) -> dict:
     """Spawn ``world_size`` ranks, time every (mode, kind, size) that fits ``budget_s``; returns points and skips.
 
-    ``modes``: ``isolated`` (each call alone, ranks entering together) and ``in_loop`` (right after a GEMM
-    of ``compute_shape`` = (m, n, k), as a training step issues its collectives).
+    ``modes``: ``isolated`` (each call alone, ranks entering together) and ``in_loop`` (right after GEMMs
+    of ``compute_shapes`` = ((m, n, k), ...), as a training step issues its collectives).
 
     The ranks are killed if they outlive the budget by more than a grace period (a hung NCCL
     communicator must not eat the rest of a calibration session).
@@ -250,7 +263,7 @@ def run_collectives(*, backend: str, world_size: int, sizes: list[int], dtype: t
         ctx = mp.start_processes(
             _worker, nprocs=world_size, join=False, start_method="spawn",
             args=(world_size, backend, init, out, list(kinds), sizes, str(dtype).removeprefix("torch."),
-                  warmup, repeats, deadline, list(modes), tuple(compute_shape), threads),
+                  warmup, repeats, deadline, list(modes), tuple(map(tuple, compute_shapes)), threads),
         )
         grace_s = 30.0
         while not ctx.join(timeout=1.0):
