@@ -10,8 +10,11 @@ replica), in bytes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
+from typing import NamedTuple
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.layers import LayerKey, _embedding_extras, _output_extras, layer_graph
@@ -106,8 +109,9 @@ def _kth_chunk(k: int, p: int, v: int, forward: bool) -> int:
 def chunk_in_flight(stage: int, chunk: int, p: int, m: int, v: int, gpipe: bool = False) -> int:
     """Most micro-batches of one model chunk a stage holds at once (for the embedding and loss extras).
 
-    Walks the stage's forward/backward order (the same order as ``schedules``) counting only
-    ``chunk``; O(m v) integer steps, cached.
+    Follows the stage's forward/backward order (the same order as ``schedules``) counting only
+    ``chunk``: the warm-up forwards, then one forward and one backward at a time, so the count peaks
+    right after a forward. Counted over the whole order at once (O(m v) integers), cached.
     """
     if gpipe:
         return m
@@ -116,25 +120,10 @@ def chunk_in_flight(stage: int, chunk: int, p: int, m: int, v: int, gpipe: bool 
         warm = min(p - stage - 1, m)
     else:
         warm = min((p - stage - 1) * 2 + (v - 1) * p, total)
-    live = peak = f = b = 0
-
-    def fwd() -> None:
-        nonlocal live, peak, f
-        live += _kth_chunk(f, p, v, True) == chunk
-        peak = max(peak, live)
-        f += 1
-
-    def bwd() -> None:
-        nonlocal live, b
-        live -= _kth_chunk(b, p, v, False) == chunk
-        b += 1
-
-    for _ in range(warm):
-        fwd()
-    while f < total:
-        fwd()
-        bwd()
-    return peak
+    held = np.cumsum(_kth_chunk(np.arange(total), p, v, True) == chunk)  # the chunk's forwards up to forward k
+    freed = np.cumsum(_kth_chunk(np.arange(total - warm), p, v, False) == chunk)  # its backwards up to backward i
+    held[warm + 1:] -= freed[:-1]  # forward warm + i follows backwards 0 .. i - 1
+    return int(held.max())
 
 
 # --- parameters ----------------------------------------------------------------------------------
@@ -283,6 +272,10 @@ def _extras_saved_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]
 
 @lru_cache(maxsize=4096)
 def _saved_bytes(model: ModelSpec, key: LayerKey) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    if key.granularity is not RecomputeGranularity.none:
+        # the forward ops, the layer input and the extras are the same under every recompute granularity
+        # (only the replayed graph differs): one layer graph answers for all three
+        return _saved_bytes(model, replace(key, granularity=RecomputeGranularity.none))
     graph = layer_graph(model, key)
     layer = tuple(graph.activation_bytes(g) for g in RecomputeGranularity)
     return layer, (_embedding_extras(model, key).activation_bytes(), _output_extras(model, key).activation_bytes())
@@ -347,41 +340,85 @@ def stage_peak_bytes(job: Job, stage: int) -> int:
     return _stage_bytes(job, stage)["peak_bytes"]
 
 
-def _stage_bytes(job: Job, stage: int) -> dict[str, int]:
+class StageState(NamedTuple):
+    """What one GPU of a stage holds for its parameters: their count and bytes."""
+
+    parameters: int
+    weights: int
+    gradients: int
+    optimizer: int
+    buffers: int  # full-size buckets that sharded data parallelism materialises (a transient)
+
+
+def stage_state(job: Job, stage: int) -> StageState:
+    """Weights, gradients and optimizer state of one GPU of ``stage`` (experts' over their own group)."""
     plan = job.plan
-    p, m, v = plan.pipeline_parallel_size, plan.num_micro_batches, plan.virtual_pipeline_stages
-    gpipe = plan.schedule is PipelineSchedule.gpipe
     params = stage_parameters(job, stage)
     experts = stage_expert_parameters(job, stage)
     weights, gradients, optimizer = _state_bytes(params - experts, plan)
     if experts:
         w, g, o = _state_bytes(experts, plan, plan.expert_data_parallel_size)
         weights, gradients, optimizer = weights + w, gradients + g, optimizer + o
+    return StageState(params, weights, gradients, optimizer, _sharding_buffers(params, plan))
 
-    chunks = in_flight_chunks(stage, plan)
-    key = LayerKey.of(plan)
-    if job.model.is_moe:  # chunks of a stage may hold different kinds of layers: the heaviest sets the peak
-        moe_key = LayerKey.of(plan, moe=True)
-        per_chunk, transient = max(_chunk_activations(job.model, key, plan.recompute, runs, moe_key)
-                                   for runs in job.layer_runs[stage])
-    else:
-        per_chunk, transient = _chunk_activations(job.model, key, plan.recompute,
-                                                  ((False, job.layers_per_chunk[stage]),))
+
+def stage_chunk_activations(job: Job, stage: int) -> tuple[int, int]:
+    """(saved bytes, transient bytes) of one micro-batch through the stage's heaviest chunk."""
+    plan, moe = job.plan, job.model.is_moe
+    return heaviest_chunk_activations(job.model, LayerKey.of(plan), LayerKey.of(plan, moe=True) if moe else None,
+                                      plan.recompute, job.layer_runs[stage] if moe else job.layers_per_chunk[stage])
+
+
+def heaviest_chunk_activations(model: ModelSpec, key: LayerKey, moe_key: LayerKey | None, policy,
+                               chunks: int | tuple) -> tuple[int, int]:
+    """``stage_chunk_activations`` from its parts: ``chunks`` is the stage's largest chunk (a dense model) or
+    its chunks' runs (an MoE model, whose MoE layers have ``moe_key``)."""
+    if moe_key is not None:  # chunks of a stage may hold different kinds of layers: the heaviest sets the peak
+        return max(_chunk_activations(model, key, policy, runs, moe_key) for runs in chunks)
+    return _chunk_activations(model, key, policy, ((False, chunks),))
+
+
+def stage_extra_activations(job: Job, stage: int) -> int:
+    """Bytes the first stage's embedding and the last stage's output layer keep for their in-flight micro-batches."""
+    plan = job.plan
+    return extra_activations(job.model, LayerKey.of(plan), stage, plan.pipeline_parallel_size,
+                             plan.num_micro_batches, plan.virtual_pipeline_stages,
+                             plan.schedule is PipelineSchedule.gpipe)
+
+
+def extra_activations(model: ModelSpec, key: LayerKey, stage: int, p: int, m: int, v: int, gpipe: bool) -> int:
+    """``stage_extra_activations`` from its parts (p stages, m micro-batches, v chunks per stage)."""
     extras = 0
-    embedding, output = _saved_bytes(job.model, key)[1]
+    embedding, output = _saved_bytes(model, key)[1]
     if stage == 0:
         extras += embedding * chunk_in_flight(0, 0, p, m, v, gpipe)
     if stage == p - 1:
         extras += output * chunk_in_flight(p - 1, v - 1, p, m, v, gpipe)
-    activations = chunks * per_chunk + extras
-    transient += _sharding_buffers(params, plan)
+    return extras
 
+
+def stage_totals(state: StageState, in_flight: int, per_chunk: int, transient: int,
+                 extras: int) -> tuple[int, int, int, int]:
+    """(activations, transient, reserve, peak) bytes of a stage from its parts: ``in_flight`` chunks of
+    ``per_chunk`` saved bytes each, the extras, and the transient of one chunk (the search sums each
+    candidate's parts, which many candidates share, with this same function)."""
+    activations = in_flight * per_chunk + extras
+    transient += state.buffers
     reserve = _reserve(activations, transient)
-    peak = weights + gradients + optimizer + activations + transient + reserve
-    return dict(stage=stage, num_layers=job.layers_per_stage[stage], parameters=params, weights_bytes=weights,
-                gradients_bytes=gradients, optimizer_bytes=optimizer, activations_bytes=activations,
-                extra_activations_bytes=extras, in_flight=chunks, transient_bytes=transient, reserve_bytes=reserve,
-                peak_bytes=peak)
+    peak = state.weights + state.gradients + state.optimizer + activations + transient + reserve
+    return activations, transient, reserve, peak
+
+
+def _stage_bytes(job: Job, stage: int) -> dict[str, int]:
+    state = stage_state(job, stage)
+    chunks = in_flight_chunks(stage, job.plan)
+    per_chunk, transient = stage_chunk_activations(job, stage)
+    extras = stage_extra_activations(job, stage)
+    activations, transient, reserve, peak = stage_totals(state, chunks, per_chunk, transient, extras)
+    return dict(stage=stage, num_layers=job.layers_per_stage[stage], parameters=state.parameters,
+                weights_bytes=state.weights, gradients_bytes=state.gradients, optimizer_bytes=state.optimizer,
+                activations_bytes=activations, extra_activations_bytes=extras, in_flight=chunks,
+                transient_bytes=transient, reserve_bytes=reserve, peak_bytes=peak)
 
 
 def memory_plan(job: Job) -> MemoryPlan:
@@ -407,11 +444,17 @@ __all__ = [
     "WORKSPACE_RESERVE_BYTES",
     "chunk_activations",
     "chunk_in_flight",
+    "extra_activations",
+    "heaviest_chunk_activations",
     "in_flight_chunks",
     "layer_parameters_per_rank",
     "memory_plan",
     "moe_layer_parameters_per_rank",
+    "stage_chunk_activations",
     "stage_expert_parameters",
+    "stage_extra_activations",
     "stage_memory",
     "stage_parameters",
+    "stage_state",
+    "stage_totals",
 ]

@@ -14,22 +14,23 @@ layer's phase time, so a simulation costs the same for any layer count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Protocol
 
 import networkx as nx
 
 from simulator.layers import (
-    LayerGraph,
+    LayerKey,
     Op,
     Stream,
     embedding_extras,
+    layer_graph,
     ordered_ops,
     output_extras,
-    transformer_layer,
 )
-from simulator.plan import Job
+from simulator.model import ModelSpec
+from simulator.plan import Job, RecomputeGranularity
 
 
 class OpCoster(Protocol):
@@ -227,9 +228,9 @@ class LayerTimes:
 
 
 @lru_cache(maxsize=4096)
-def _layer_times(layer: LayerGraph, cost: OpCoster) -> LayerTimes:
-    fwd = play([layer.forward], cost)
-    bwd_only = play([layer.backward], cost, backward=(True,))
+def _layer_times(model: ModelSpec, key: LayerKey, cost: OpCoster) -> LayerTimes:
+    layer = layer_graph(model, key)
+    fwd, bwd_only = _forward_and_backward(model, replace(key, granularity=RecomputeGranularity.none), cost)
     both = (play([layer.recompute, layer.backward], cost, backward=(False, True))
             if layer.recompute.number_of_nodes() else bwd_only)
     # what the replay adds to the backward (host and device overlap across the two, so not the replay's
@@ -237,11 +238,19 @@ def _layer_times(layer: LayerGraph, cost: OpCoster) -> LayerTimes:
     return LayerTimes(fwd.steady_s, bwd_only.steady_s, both.steady_s - bwd_only.steady_s, fwd, both, bwd_only)
 
 
+@lru_cache(maxsize=4096)
+def _forward_and_backward(model: ModelSpec, key: LayerKey, cost: OpCoster) -> tuple[PhaseTimeline, PhaseTimeline]:
+    """The forward and the backward alone, played once for every recompute granularity: they are the same
+    graphs under each (only the replay before the backward differs)."""
+    layer = layer_graph(model, key)
+    return play([layer.forward], cost), play([layer.backward], cost, backward=(True,))
+
+
 def layer_times(job: Job, profile=None, cost: OpCoster | None = None, moe: bool = False) -> LayerTimes:
     """Forward, backward and recompute time of one transformer layer (``moe``: one whose MLP is the
     model's mixture of experts) for one micro-batch."""
     cost = cost if cost is not None else cost_model_for(job, profile)
-    return _layer_times(transformer_layer(job.model, job.plan, moe), cost)
+    return _layer_times(job.model, LayerKey.of(job.plan, moe), cost)
 
 
 @dataclass(frozen=True)

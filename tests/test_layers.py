@@ -81,3 +81,28 @@ def test_fused_softmax_needs_whole_blocks_of_score_matrices():
     torch_path = ops(transformer_layer(small, plan(precision=Precision.fp16)).forward)
     assert {"softmax.cast_fp32", "softmax.scale", "softmax.mask", "softmax.cast_back"} <= set(torch_path)
     assert torch_path["softmax"].saves[0].dtype_bytes == FP32_BYTES
+
+
+@pytest.mark.parametrize("name,layout", [
+    ("gpt3-175b", dict(tensor_parallel_size=8, sequence_parallel=True, micro_batch_size=2)),
+    ("llama3-70b", dict(tensor_parallel_size=4, context_parallel_size=2, attention_backend="auto")),
+    ("mixtral-8x7b", dict(tensor_parallel_size=2, sequence_parallel=True, expert_model_parallel_size=4,
+                          expert_tensor_parallel_size=1, attention_backend="auto")),
+])
+def test_only_the_replayed_graph_depends_on_the_recompute_granularity(name, layout):
+    """The memory model reads one granularity's graphs for all three, and the time model plays one
+    forward and one backward for all three: each needs the rest of the layer to be the same under each."""
+    model = PRESETS[name]
+    moe = model.is_moe
+
+    def layer(granularity):
+        p = ParallelPlan(global_batch_size=8, recompute={"granularity": granularity}, **layout)
+        return transformer_layer(model, p, moe), embedding_extras(model, p), output_extras(model, p)
+
+    none, *others = (layer(g) for g in ("none", "selective", "full"))
+    for other in others:
+        for a, b in zip(none, other):
+            for graph in ("forward", "backward"):
+                ga, gb = getattr(a, graph), getattr(b, graph)
+                assert ordered_ops(ga) == ordered_ops(gb) and set(ga.edges) == set(gb.edges)
+        assert none[0].input_bytes == other[0].input_bytes
