@@ -21,6 +21,14 @@ from simulator.layout import RankLayout
 from simulator.memory import MemoryPlan, memory_plan, stage_expert_parameters, stage_parameters
 from simulator.plan import DataParallelSharding, Job, RecomputeGranularity, RecomputeMethod
 from simulator.schedules import build_schedule
+from simulator.stage_work import (
+    OptimizerStep,
+    StageCommunication,
+    StageSteps,
+    pipeline_work,
+    stage_kinds,
+    stage_work,
+)
 from simulator.timing import (
     LayerTimes,
     Span,
@@ -216,7 +224,7 @@ def _dp_time(cost, job: Job, kind: CollectiveKind, nbytes: float, expert: bool =
     return cost.collective_time_s(kind, int(nbytes), Group(size=d, stride=stride))
 
 
-def _p2p_times(cost, job: Job) -> tuple[float, ...]:
+def p2p_times(cost, job: Job) -> tuple[float, ...]:
     """One activation (or gradient) from stage i to stage (i + 1) % p, per TP rank.
 
     Megatron sends a 1/t slice per TP rank: the activation is already sequence-sharded under SP,
@@ -251,7 +259,7 @@ def grad_buckets(job: Job, params: float) -> int:
     return max(1, math.ceil(params / size))
 
 
-def _optimizer_time(cost, job: Job, params: int, first_forward_s: float, expert_params: int = 0) -> float:
+def _optimizer_step(cost, job: Job, params: int, expert_params: int = 0) -> OptimizerStep:
     """The optimizer step; with the distributed optimizer, the all-gather of the updated bf16
     parameters, which ``overlap_param_gather`` issues bucket by bucket during the next forward: only
     the first bucket, and what the forward step cannot cover, stays exposed. Of ``params``,
@@ -261,19 +269,18 @@ def _optimizer_time(cost, job: Job, params: int, first_forward_s: float, expert_
     shard = (dense / plan.gradient_group_size + expert_params / plan.expert_data_parallel_size
              if plan.shards_optimizer else params)
     step = cost.op_time_s(Op("optimizer", OpKind.elementwise, bytes_moved=shard * OPTIMIZER_BYTES_PER_PARAM))
+    bucket, n = None, 1
     if plan.shards_optimizer and plan.sharding is not DataParallelSharding.optim_grads_params:
         n = grad_buckets(job, params) if plan.overlap_param_gather else 1
         ab = plan.precision.activation_bytes
         bucket = (_dp_time(cost, job, CollectiveKind.all_gather, dense * ab / n)
                   + _dp_time(cost, job, CollectiveKind.all_gather, expert_params * ab / n, expert=True))
-        step += bucket + (max(0.0, (n - 1) * bucket - first_forward_s) if plan.overlap_param_gather else 0.0)
-    if cost.host is not None:
-        step += cost.host.iteration_s
-    return step
+    return OptimizerStep(step, bucket, n, plan.overlap_param_gather,
+                         cost.host.iteration_s if cost.host is not None else None)
 
 
-def _step_spans(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraTimes, stage: int,
-                chunk: int) -> tuple[Span, Span]:
+def step_spans(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraTimes, stage: int,
+               chunk: int) -> tuple[Span, Span]:
     """The forward and backward pipeline steps of one (stage, chunk), as the host issues them.
 
     Each step starts from an empty queue: Megatron synchronises the device at every pipeline
@@ -281,33 +288,50 @@ def _step_spans(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraT
     micro-batch's host work (data, masks, schedule); a step that talks to a neighbour stage ends
     with the exchange call. ``layers``: the times of a dense layer (False) and of an MoE layer (True).
     """
+    return (forward_span(job, cost, layers, ext, stage, chunk),
+            backward_span(job, cost, layers, ext, stage, chunk))
+
+
+def forward_span(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraTimes, stage: int,
+                 chunk: int) -> Span:
+    """The forward step of ``step_spans`` (it does not depend on the recompute policy)."""
     plan, host = job.plan, cost.host
     p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
-    n = job.chunk_layers[stage][chunk]
-    rec = _recomputed_layers(job, n)
     asynchronous = cost.asynchronous
-    nothing = Span(0.0, 0.0, 0.0, asynchronous)
-    fwd = Span.host_only(host.micro_batch_s, asynchronous) if host is not None else nothing
-    bwd = nothing
-    first, last = stage == 0 and chunk == 0, stage == p - 1 and chunk == v - 1
-    if first:
+    fwd = Span.host_only(host.micro_batch_s, asynchronous) if host is not None else Span(0.0, 0.0, 0.0, asynchronous)
+    if stage == 0 and chunk == 0:
         fwd = fwd.then(ext.embedding_forward.span)
-    runs = job.chunk_runs(stage, chunk)
-    for moe, k in runs:
+    for moe, k in job.chunk_runs(stage, chunk):
         fwd = fwd.then(layers[moe].forward.span.times(k))
-    if last:
+    if stage == p - 1 and chunk == v - 1:
         fwd = fwd.then(ext.output_forward.span)
+    return _then_exchange(fwd, p, host, asynchronous)
+
+
+def backward_span(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraTimes, stage: int,
+                  chunk: int) -> Span:
+    """The backward step of ``step_spans``, with the recompute it replays."""
+    plan, host = job.plan, cost.host
+    p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
+    rec = _recomputed_layers(job, job.chunk_layers[stage][chunk])
+    asynchronous = cost.asynchronous
+    bwd = Span(0.0, 0.0, 0.0, asynchronous)
+    if stage == p - 1 and chunk == v - 1:
         bwd = bwd.then(ext.output_backward.span)
     # backward runs the chunk's layers last to first; block recompute covers the first ones
-    for moe, k, replayed in reversed(_replayed_runs(runs, rec)):
+    for moe, k, replayed in reversed(_replayed_runs(job.chunk_runs(stage, chunk), rec)):
         lt = layers[moe]
         bwd = bwd.then(lt.backward_only.span.times(k - replayed)).then(lt.backward.span.times(replayed))
-    if first:
+    if stage == 0 and chunk == 0:
         bwd = bwd.then(ext.embedding_backward.span)
+    return _then_exchange(bwd, p, host, asynchronous)
+
+
+def _then_exchange(span: Span, p: int, host, asynchronous: bool) -> Span:
+    """``span`` followed by the call that exchanges with the neighbour stage (none without a pipeline)."""
     if p > 1 and host is not None:
-        exchange = Span.host_only(host.pipeline_exchange_s, asynchronous)
-        fwd, bwd = fwd.then(exchange), bwd.then(exchange)
-    return fwd, bwd
+        return span.then(Span.host_only(host.pipeline_exchange_s, asynchronous))
+    return span
 
 
 def sequence_parallel_grad_bytes(job: Job, stage: int) -> int:
@@ -323,25 +347,23 @@ def sequence_parallel_grad_bytes(job: Job, stage: int) -> int:
     return params * plan.grad_bytes
 
 
-def _stage_work(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraTimes, s: int) -> StageWork:
+def stage_communication(job: Job, cost, s: int) -> StageCommunication:
     plan = job.plan
     p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
     grad_kind = CollectiveKind.reduce_scatter if plan.shards_optimizer else CollectiveKind.all_reduce
     tied = not job.model.untie_embeddings_and_output_weights and p > 1
-    fwd, bwd, reduce, fwd_wait, bwd_wait, buckets = [], [], [], [], [], []
+    reduce, buckets, fsdp_s = [], [], []
     stage_params = stage_parameters(job, s)
     expert_params = stage_expert_parameters(job, s)
     chunk_params = stage_params / v
     chunk_experts = expert_params / v  # expert gradients: buckets of their own, over the EDP group
     fsdp = plan.sharding is DataParallelSharding.optim_grads_params
     for c in range(v):
-        f, b = _step_spans(job, cost, layers, ext, s, c)
-        fwd_s, bwd_s = f.cold_s, b.cold_s
         nb = grad_buckets(job, chunk_params)
         if fsdp:
             # Megatron-FSDP gathers each bucket of parameters before it is used, forward and again backward,
             # prefetching the next while one computes, and reduce-scatters each micro-batch's gradients: the
-            # first bucket and what compute cannot cover stay exposed
+            # first bucket and what compute cannot cover stay exposed (``stage_work``)
             nb = max(nb, math.ceil(chunk_params / max(40_000_000, 1_000_000 * plan.gradient_group_size)))
             gather = nb * (_dp_time(cost, job, CollectiveKind.all_gather,
                                     (chunk_params - chunk_experts) * plan.precision.activation_bytes / nb)
@@ -351,12 +373,7 @@ def _stage_work(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraT
                                      (chunk_params - chunk_experts) * plan.grad_bytes / nb)
                             + _dp_time(cost, job, CollectiveKind.reduce_scatter, chunk_experts * plan.grad_bytes / nb,
                                        expert=True))
-            fwd_s += max(gather / nb, gather - fwd_s)
-            bwd_s += max(gather / nb, gather + scatter - bwd_s)
-        fwd.append(fwd_s)
-        bwd.append(bwd_s)
-        fwd_wait.append(f.host_wait_s)
-        bwd_wait.append(b.host_wait_s)
+            fsdp_s.append((gather, scatter))
         r = 0.0 if fsdp else nb * (
             _dp_time(cost, job, grad_kind, (chunk_params - chunk_experts) * plan.grad_bytes / nb)
             + _dp_time(cost, job, grad_kind, chunk_experts * plan.grad_bytes / nb, expert=True))
@@ -369,9 +386,13 @@ def _stage_work(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraT
                                         Group(size=plan.tensor_parallel_size, stride=1))
         reduce.append(r)
         buckets.append(nb)
-    return StageWork(tuple(fwd), tuple(bwd), tuple(reduce),
-                     _optimizer_time(cost, job, stage_params, fwd[0], expert_params),
-                     tuple(fwd_wait), tuple(bwd_wait), tuple(buckets))
+    return StageCommunication(tuple(buckets), tuple(reduce), tuple(fsdp_s) if fsdp else None,
+                              _optimizer_step(cost, job, stage_params, expert_params))
+
+
+def _stage_work(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraTimes, s: int) -> StageWork:
+    steps = tuple(step_spans(job, cost, layers, ext, s, c) for c in range(job.plan.virtual_pipeline_stages))
+    return stage_work(StageSteps.of(steps), stage_communication(job, cost, s))
 
 
 def layer_kinds(job: Job, cost, lt: LayerTimes | None = None) -> dict[bool, LayerTimes]:
@@ -394,18 +415,9 @@ def build_work(job: Job, cost, lt: LayerTimes | None, ext: StageExtraTimes,
     layers = layer_kinds(job, cost, lt)
     if moe_lt is not None:
         layers[True] = moe_lt
-    # a stage's work depends only on its layers and whether it holds the embedding or the loss
-    # (uneven splits aside, the middle stages are one and the same)
-    by_kind: dict[tuple, StageWork] = {}
-    stages = []
-    for s, chunks in enumerate(job.chunk_layers):
-        runs = job.layer_runs[s] if job.model.is_moe else chunks
-        key = (runs, s == 0, s == p - 1)
-        if key not in by_kind:
-            by_kind[key] = _stage_work(job, cost, layers, ext, s)
-        stages.append(by_kind[key])
-    send = _p2p_times(cost, job) if p > 1 else (0.0,)
-    return PipelineWork(tuple(stages), send, plan.overlap_grad_reduce, plan.overlap_p2p_comm)
+    send = p2p_times(cost, job) if p > 1 else (0.0,)
+    kinds = stage_kinds(job.layer_runs if job.model.is_moe else job.chunk_layers)
+    return pipeline_work(plan, kinds, lambda s: _stage_work(job, cost, layers, ext, s), send)
 
 
 def simulate_job(job: Job, profile=None, tokens: float | None = None, record: bool = False,
