@@ -31,58 +31,57 @@ class CompiledSchedule:
     slots: int
 
 
-def _order(k, p: int, v: int, forward: bool):
-    """(micro-batch, chunk) of a stage's k-th forward or backward, as ``schedules`` orders them (arrays)."""
+def _order(k, p: int, v: int, forward):
+    """(micro-batch, chunk) of a stage's k-th forward (``forward`` true) or backward, as ``schedules``
+    orders them (arrays)."""
     if v == 1:
         return k, np.zeros_like(k)
     group, in_group = np.divmod(k, p * v)
     chunk = in_group // p
-    return group * p + in_group % p, (chunk if forward else v - 1 - chunk)
+    return group * p + in_group % p, np.where(forward, chunk, v - 1 - chunk)
+
+
+def _steps(p: int, m: int, v: int, kind: str):
+    """Every stage's steps as arrays, [stage, position]: forward?, micro-batch, chunk, and the position of
+    each chunk's last backward ([stage, chunk])."""
+    total = m * v
+    pos = np.arange(2 * total)[None, :]
+    if kind == "gpipe":  # all forwards, then all backwards in reverse micro-batch order
+        fwd = np.broadcast_to(pos < m, (p, 2 * m))
+        mb = np.broadcast_to(np.where(pos < m, pos, 2 * m - 1 - pos), (p, 2 * m))
+        return fwd, mb, np.zeros((p, 2 * m), dtype=np.int64), np.full((p, 1), 2 * m - 1)
+    # per stage: its warm-up forwards, one forward and one backward at a time, then the cool-down backwards
+    warm = np.array([warmup_forwards(s, p, m, v) for s in range(p)])[:, None]
+    steady = pos < 2 * total - warm
+    fwd = (pos < warm) | (steady & ((pos - warm) % 2 == 0))
+    k = np.where(pos < warm, pos, np.where(steady, (pos - warm) // 2 + np.where(fwd, warm, 0), pos - total))
+    mb, chunk = _order(k, p, v, fwd)
+    # a chunk's last backward is the last k of its chunk, the same k on every stage
+    ks = np.arange(total)
+    last_k = np.array([ks[_order(ks, p, v, False)[1] == c][-1] for c in range(v)])[None, :]
+    last = np.where(last_k < total - warm, warm + 2 * last_k + 1, last_k + total)
+    return fwd, mb, chunk, last
 
 
 @lru_cache(maxsize=64)
 def compile_schedule(p: int, m: int, v: int, kind: str = "1f1b") -> CompiledSchedule:
-    """``schedules.build_schedule``'s steps as flat data, computed from the schedule's formulas (the tests
-    check the two agree step for step)."""
-    total = m * v
-    stages = []
-    for s in range(p):
-        if kind == "gpipe":
-            phases = np.r_[np.ones(m, dtype=bool), np.zeros(m, dtype=bool)]
-            index = np.r_[np.arange(m), np.arange(m)]
-            mb = np.r_[np.arange(m), np.arange(m)[::-1]]
-            chunk = np.zeros(2 * m, dtype=np.int64)
-        else:
-            warm = warmup_forwards(s, p, m, v)
-            phases = np.r_[np.ones(warm, dtype=bool), np.tile([True, False], total - warm),
-                           np.zeros(warm, dtype=bool)]
-            index = np.empty(2 * total, dtype=np.int64)  # k of the k-th forward / backward
-            index[phases] = np.arange(total)
-            index[~phases] = np.arange(total)
-            mb, chunk = np.empty(2 * total, dtype=np.int64), np.empty(2 * total, dtype=np.int64)
-            mb[phases], chunk[phases] = _order(index[phases], p, v, True)
-            mb[~phases], chunk[~phases] = _order(index[~phases], p, v, False)
-        fwd = phases
-        # the input a step waits for is keyed by its own coordinates; the output it sends by its consumer's
-        waits = ~((fwd & (s == 0) & (chunk == 0)) | (~fwd & (s == p - 1) & (chunk == v - 1)))
-        wait_slot = np.where(waits, _slot(~fwd, mb, s, chunk, m, p, v), -1)
-        if s < p - 1:
-            to_stage_f, to_chunk_f, sends_f = s + 1, chunk, np.ones_like(fwd)
-        else:
-            to_stage_f, to_chunk_f, sends_f = 0, chunk + 1, chunk < v - 1
-        if s > 0:
-            to_stage_b, to_chunk_b, sends_b = s - 1, chunk, np.ones_like(fwd)
-        else:
-            to_stage_b, to_chunk_b, sends_b = p - 1, chunk - 1, chunk > 0
-        fill = np.where(fwd, np.where(sends_f, _slot(False, mb, to_stage_f, to_chunk_f, m, p, v), -1),
-                        np.where(sends_b, _slot(True, mb, to_stage_b, to_chunk_b, m, p, v), -1))
-        last = np.zeros_like(fwd)
-        for c in range(v):
-            where = np.flatnonzero(~fwd & (chunk == c))
-            if where.size:
-                last[where[-1]] = True
-        stages.append(tuple(zip(fwd.tolist(), chunk.tolist(), wait_slot.tolist(), fill.tolist(), last.tolist())))
-    return CompiledSchedule(tuple(stages), 2 * m * p * v)
+    """``schedules.build_schedule``'s steps as flat data, computed from the schedule's formulas for every
+    stage at once (the tests check the two agree step for step)."""
+    fwd, mb, chunk, last_pos = _steps(p, m, v, kind)
+    s = np.arange(p)[:, None]
+    # the input a step waits for is keyed by its own coordinates; the output it sends by its consumer's
+    waits = ~((fwd & (s == 0) & (chunk == 0)) | (~fwd & (s == p - 1) & (chunk == v - 1)))
+    wait_slot = np.where(waits, _slot(~fwd, mb, s, chunk, m, p, v), -1)
+    inner_f, inner_b = s < p - 1, s > 0  # else the send wraps to the next (previous) chunk's first (last) stage
+    sends_f = inner_f | (chunk < v - 1)
+    sends_b = inner_b | (chunk > 0)
+    to_f = _slot(False, mb, np.where(inner_f, s + 1, 0), np.where(inner_f, chunk, chunk + 1), m, p, v)
+    to_b = _slot(True, mb, np.where(inner_b, s - 1, p - 1), np.where(inner_b, chunk, chunk - 1), m, p, v)
+    fill = np.where(fwd, np.where(sends_f, to_f, -1), np.where(sends_b, to_b, -1))
+    last = np.zeros(fwd.shape, dtype=bool)
+    np.put_along_axis(last, last_pos, True, axis=1)
+    rows = zip(fwd.tolist(), chunk.tolist(), wait_slot.tolist(), fill.tolist(), last.tolist())
+    return CompiledSchedule(tuple(tuple(zip(*row)) for row in rows), 2 * m * p * v)
 
 
 def _slot(backward, mb, stage, chunk, m: int, p: int, v: int):
