@@ -100,3 +100,47 @@ def test_headline_24_days_on_1024_a100(article_search):
 def test_the_search_beats_the_standard_configuration(article_search):
     standard = estimate(Job(model=GPT3, cluster=A100, plan=STANDARD_2021), tokens=300e9)
     assert article_search.best.estimate.training_days < standard.training_days
+
+
+H100 = load_cluster("dgx-h100")
+# Spaces small enough to check candidate by candidate, between them covering dense and MoE layers (and
+# stages that mix the two), CP, uneven and accounted splits, interleaving, every recompute, Megatron-FSDP
+# and overlapped gradient reduction.
+MEMO_CASES = {
+    "gpt3-13b": request(SearchPins(tensor_parallel_size=4), gpus=64, model=PRESETS["gpt3-13b"], gbs=128),
+    "llama3-70b-cp": SearchRequest(model=PRESETS["llama3-70b"], cluster=H100, num_gpus=48, global_batch_size=96,
+                                   pins=SearchPins(micro_batch_size=1, tensor_parallel_size=8)),
+    "mixtral": SearchRequest(model=PRESETS["mixtral-8x7b"], cluster=H100, num_gpus=16, global_batch_size=64,
+                             pins=SearchPins(micro_batch_size=1, tensor_parallel_size=2)),
+    "deepseek-v3-style": SearchRequest(model=PRESETS["deepseek-v3-style"], cluster=H100, num_gpus=1024,
+                                       global_batch_size=1024,
+                                       pins=SearchPins(micro_batch_size=1, tensor_parallel_size=8,
+                                                       context_parallel_size=1)),
+    "qwen2-moe-overlap": SearchRequest(model=PRESETS["qwen2-57b-a14b"], cluster=H100, num_gpus=32,
+                                       global_batch_size=64, overlap_grad_reduce=True,
+                                       pins=SearchPins(micro_batch_size=2, tensor_parallel_size=4)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MEMO_CASES))
+def test_shared_parts_give_every_candidate_its_own_numbers_to_the_bit(case):
+    """The search sums each candidate's memory and screen time from parts shared between candidates; the
+    sums must be the very numbers ``peak_bytes`` and ``screen`` give the candidate's job on its own."""
+    from simulator.screen import screen
+    from simulator.search import peak_bytes
+    from simulator.search_memo import SearchMemo
+    from simulator.search_space import candidates, plan_template
+
+    req = MEMO_CASES[case]
+    template = plan_template(req)
+    memo = SearchMemo(req, template)
+    screened = 0
+    for c in candidates(req):
+        plan = c.plan(template)
+        job = Job.model_construct(model=req.model, cluster=req.cluster, plan=plan)
+        peak = memo.peak_bytes(c)
+        assert peak == peak_bytes(job), c
+        if peak <= req.cluster.gpu.memory_bytes:
+            assert memo.screen_s(c, plan) == screen(job), c
+            screened += 1
+    assert screened
