@@ -14,9 +14,11 @@ Three tiers, cheapest first, as NeMo's hyper-parameter tool narrows its grid:
 
 from __future__ import annotations
 
+import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -161,6 +163,26 @@ def search(req: SearchRequest, profile=None, tokens: float | None = None, top: i
     ``progress(phase, done, total)`` is called as the screen ("screening") and the engine
     ("simulating") work through their candidates.
     """
+    with _without_cyclic_gc():
+        return _search(req, profile, tokens, top, progress)
+
+
+@contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """A search allocates millions of short-lived tuples and no reference cycles that outlive it; the
+    cyclic collector would only rescan its memo and the cached layer graphs over and over (a sixth of
+    a dense search's time and a fifth of an MoE search's), as it would the engine's events."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _search(req: SearchRequest, profile, tokens: float | None, top: int,
+            progress: Callable[[str, int, int], None] | None) -> SearchResult:
     started = time.perf_counter()
     capacity = req.cluster.gpu.memory_bytes
     template = plan_template(req)
