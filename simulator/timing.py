@@ -24,10 +24,10 @@ from simulator.layers import (
     LayerKey,
     Op,
     Stream,
-    embedding_extras,
+    _embedding_extras,
+    _output_extras,
     layer_graph,
     ordered_ops,
-    output_extras,
 )
 from simulator.model import ModelSpec
 from simulator.plan import Job, RecomputeGranularity
@@ -262,11 +262,13 @@ class StageExtraTimes:
 
 
 def extra_times(job: Job, cost: OpCoster) -> StageExtraTimes:
-    return _extra_times(embedding_extras(job.model, job.plan), output_extras(job.model, job.plan), cost)
+    # the embedding and the output layer are the same under every recompute granularity: played once for all
+    return _extra_times(job.model, replace(LayerKey.of(job.plan), granularity=RecomputeGranularity.none), cost)
 
 
 @lru_cache(maxsize=4096)
-def _extra_times(emb, out, cost: OpCoster) -> StageExtraTimes:
+def _extra_times(model: ModelSpec, key: LayerKey, cost: OpCoster) -> StageExtraTimes:
+    emb, out = _embedding_extras(model, key), _output_extras(model, key)
     return StageExtraTimes(play([emb.forward], cost), play([emb.backward], cost, backward=(True,)),
                            play([out.forward], cost), play([out.backward], cost, backward=(True,)))
 
