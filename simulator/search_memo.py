@@ -65,7 +65,8 @@ class _Shape:
     """What a candidate's pipeline shape (PP, virtual stages, split) fixes: each stage's layers."""
 
     stage_layers: tuple  # per stage, its chunks' layers: counts, or for an MoE model runs of (MoE, count)
-    kinds: tuple  # ``stage_work.stage_kinds`` of those
+    firsts: tuple[int, ...]  # the first stage of each kind (``stage_work.stage_kinds``)
+    kind_of: tuple[int, ...]  # each stage's kind
     activation_layers: tuple  # per stage, what its saved activations follow: its largest chunk, or its chunks' runs
     layers_per_stage: tuple[int, ...]
     moe_layers_per_stage: tuple[int, ...]
@@ -73,7 +74,14 @@ class _Shape:
 
 
 class SearchMemo:
-    """The parts of one search's candidates, under one profile (``profile`` as ``screen`` takes it)."""
+    """The parts of one search's candidates, under one profile (``profile`` as ``screen`` takes it).
+
+    Per candidate the parts come in two bundles, each a dict lookup: what follows its layers and
+    recompute (per peak stage its activations; per kind of stage its steps) and what follows its
+    layout and sharding (per peak stage its state; per kind of stage its data-parallel work). A bundle
+    missing is put together from parts memoised more finely still (a chunk's steps, a stage's state),
+    which other shapes share.
+    """
 
     def __init__(self, req: SearchRequest, template: ParallelPlan, profile=None):
         self.model, self.cluster, self.template, self.profile = req.model, req.cluster, template, profile
@@ -82,8 +90,13 @@ class SearchMemo:
         self._cost = None
         self._job: tuple[Candidate | None, Job | None] = (None, None)
         self._shapes: dict[tuple, _Shape] = {}
-        self._state, self._chunk, self._in_flight, self._extras, self._keys = {}, {}, {}, {}, {}
-        self._layers, self._forward, self._backward, self._stage_steps, self._comm, self._send = {}, {}, {}, {}, {}, {}
+        self._keys: dict[tuple, tuple] = {}
+        # memory: bundles, and the parts they are made of
+        self._activations, self._states = {}, {}
+        self._state, self._chunk, self._in_flight, self._extras = {}, {}, {}, {}
+        # the screen: bundles, and the parts they are made of
+        self._all_steps, self._all_comm, self._send = {}, {}, {}
+        self._layers, self._forward, self._backward, self._comm = {}, {}, {}, {}
 
     def job(self, c: Candidate, plan: ParallelPlan | None = None) -> Job:
         """The candidate's job, built once (for the parts it is the first to need)."""
@@ -100,11 +113,9 @@ class SearchMemo:
             moe = self.model.is_moe
             stage_layers = job.layer_runs if moe else job.chunk_layers
             shape = self._shapes[key] = _Shape(
-                stage_layers, stage_kinds(stage_layers), job.layer_runs if moe else job.layers_per_chunk,
+                stage_layers, *stage_kinds(stage_layers), job.layer_runs if moe else job.layers_per_chunk,
                 job.layers_per_stage, job.moe_layers_per_stage, peak_stages(job))
         return shape
-
-    # --- memory ----------------------------------------------------------------------------------
 
     def _layer_keys(self, c: Candidate) -> tuple[LayerKey, LayerKey | None]:
         """The dense and the MoE layer's keys (what their graphs depend on) of the candidate's plan."""
@@ -115,36 +126,53 @@ class SearchMemo:
             keys = self._keys[key] = (LayerKey.of(plan), LayerKey.of(plan, moe=True) if self.model.is_moe else None)
         return keys
 
+    # --- memory ----------------------------------------------------------------------------------
+
     def peak_bytes(self, c: Candidate) -> int:
         """``peak_bytes`` of the candidate's job."""
-        shape = self._shape(c)
-        m = self.batch // (c.mbs * c.d)
         layer, policy = _layer(c), (c.recompute.method, c.recompute.num_layers)
-        peak = 0
-        for s in shape.peak_stages:
-            first, last = s == 0, s == c.p - 1
-            key = (c.t, c.cp, c.d, c.p, c.ep, c.etp, c.sharding, shape.layers_per_stage[s],
-                   shape.moe_layers_per_stage[s], first, last)
-            state = self._state.get(key)
-            if state is None:
-                state = self._state[key] = stage_state(self.job(c), s)
-            key = (layer, policy, shape.activation_layers[s])
-            chunk = self._chunk.get(key)
-            if chunk is None:
-                dense, moe = self._layer_keys(c)
-                chunk = self._chunk[key] = heaviest_chunk_activations(self.model, dense, moe, c.recompute,
-                                                                      shape.activation_layers[s])
-            key = (s, c.p, m, c.v)
-            chunks = self._in_flight.get(key)
-            if chunks is None:
-                chunks = self._in_flight[key] = in_flight_chunks(s, self.job(c).plan)
-            key = (layer, first, last, c.p, m, c.v) if first or last else None  # a middle stage has none
-            extras = self._extras.get(key)
-            if extras is None:
-                extras = self._extras[key] = extra_activations(self.model, self._layer_keys(c)[0], s, c.p, m, c.v,
-                                                               self.gpipe)
-            peak = max(peak, stage_totals(state, chunks, chunk[0], chunk[1], extras)[3])
-        return peak
+        shape_key = (c.p, c.v, c.split)
+        key = (layer, policy, shape_key)
+        activations = self._activations.get(key)
+        if activations is None:
+            shape = self._shape(c)
+            activations = self._activations[key] = tuple(self._stage_activations(c, shape, layer, policy, s)
+                                                         for s in shape.peak_stages)
+        key = (c.t, c.cp, c.d, c.ep, c.etp, c.sharding, shape_key)
+        states = self._states.get(key)
+        if states is None:
+            shape = self._shape(c)
+            states = self._states[key] = tuple(self._stage_state(c, shape, s) for s in shape.peak_stages)
+        return max(stage_totals(state, *acts)[3] for state, acts in zip(states, activations))
+
+    def _stage_state(self, c: Candidate, shape: _Shape, s: int):
+        key = (c.t, c.cp, c.d, c.p, c.ep, c.etp, c.sharding, shape.layers_per_stage[s],
+               shape.moe_layers_per_stage[s], s == 0, s == c.p - 1)
+        state = self._state.get(key)
+        if state is None:
+            state = self._state[key] = stage_state(self.job(c), s)
+        return state
+
+    def _stage_activations(self, c: Candidate, shape: _Shape, layer: tuple, policy: tuple, s: int):
+        """(in-flight chunks, a chunk's saved bytes, its transient, the extras) of stage ``s``."""
+        first, last = s == 0, s == c.p - 1
+        m = self.batch // (c.mbs * c.d)
+        key = (layer, policy, shape.activation_layers[s])
+        chunk = self._chunk.get(key)
+        if chunk is None:
+            dense, moe = self._layer_keys(c)
+            chunk = self._chunk[key] = heaviest_chunk_activations(self.model, dense, moe, c.recompute,
+                                                                  shape.activation_layers[s])
+        key = (s, c.p, m, c.v)
+        chunks = self._in_flight.get(key)
+        if chunks is None:
+            chunks = self._in_flight[key] = in_flight_chunks(s, self.job(c).plan)
+        key = (layer, first, last, c.p, m, c.v) if first or last else None  # a middle stage has none
+        extras = self._extras.get(key)
+        if extras is None:
+            extras = self._extras[key] = extra_activations(self.model, self._layer_keys(c)[0], s, c.p, m, c.v,
+                                                           self.gpipe)
+        return chunks, chunk[0], chunk[1], extras
 
     # --- the closed-form screen ------------------------------------------------------------------
 
@@ -157,31 +185,41 @@ class SearchMemo:
 
     def screen_s(self, c: Candidate, plan: ParallelPlan) -> float:
         """``screen(job, profile)`` of the candidate's job (``plan`` is its plan)."""
-        shape = self._shape(c)
+        layer, policy = _layer(c), (c.recompute.method, c.recompute.num_layers)
+        shape_key = (c.p, c.v, c.split)
+        key = (layer, policy, shape_key)
+        steps = self._all_steps.get(key)
+        if steps is None:
+            shape = self._shape(c)
+            steps = self._all_steps[key] = tuple(self._stage_steps(c, plan, shape, layer, policy, s)
+                                                 for s in shape.firsts)
+        key = (c.t, c.cp, c.d, c.ep, c.etp, c.sharding, c.sp, shape_key)
+        comm = self._all_comm.get(key)
+        if comm is None:
+            shape = self._shape(c)
+            comm = self._all_comm[key] = tuple(self._stage_comm(c, plan, shape, s) for s in shape.firsts)
         send = (0.0,)
         if c.p > 1:
             key = (c.t, c.cp, c.d, c.p, c.ep, c.etp, c.sp, c.mbs)
             send = self._send.get(key)
             if send is None:
                 send = self._send[key] = p2p_times(self.cost, self.job(c, plan))
-        work = pipeline_work(plan, shape.kinds, lambda s: self._stage_work(c, plan, shape, s), send)
+        works = [stage_work(st, cm) for st, cm in zip(steps, comm)]
+        work = pipeline_work(plan, self._shapes[shape_key].kind_of, works, send)
         return fast_iteration_time_s(work, plan.num_micro_batches)
 
-    def _stage_work(self, c: Candidate, plan: ParallelPlan, shape: _Shape, s: int):
-        first, last = s == 0, s == c.p - 1
-        layer, policy = _layer(c), (c.recompute.method, c.recompute.num_layers)
-        key = (layer, policy, shape.stage_layers[s], first, last, c.p > 1)
-        steps = self._stage_steps.get(key)
-        if steps is None:
-            spans = (self._chunk_steps(c, plan, layer, policy, s, chunk, runs)
-                     for chunk, runs in enumerate(shape.stage_layers[s]))
-            steps = self._stage_steps[key] = StageSteps.of(tuple(spans))
+    def _stage_comm(self, c: Candidate, plan: ParallelPlan, shape: _Shape, s: int):
         key = (c.t, c.cp, c.d, c.p, c.v, c.ep, c.etp, c.sharding, c.sp, shape.layers_per_stage[s],
-               shape.moe_layers_per_stage[s], first, last)
+               shape.moe_layers_per_stage[s], s == 0, s == c.p - 1)
         comm = self._comm.get(key)
         if comm is None:
             comm = self._comm[key] = stage_communication(self.job(c, plan), self.cost, s)
-        return stage_work(steps, comm)
+        return comm
+
+    def _stage_steps(self, c: Candidate, plan: ParallelPlan, shape: _Shape, layer: tuple, policy: tuple, s: int):
+        spans = (self._chunk_steps(c, plan, layer, policy, s, chunk, runs)
+                 for chunk, runs in enumerate(shape.stage_layers[s]))
+        return StageSteps.of(tuple(spans))
 
     def _chunk_steps(self, c: Candidate, plan: ParallelPlan, layer: tuple, policy: tuple, s: int, chunk: int, runs):
         """A chunk's (forward, backward) step spans: the forward is the same under every recompute policy

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from typing import Sequence
 
 from simulator.engine import PipelineWork, StageWork
 from simulator.plan import ParallelPlan
@@ -80,11 +80,10 @@ def stage_work(steps: StageSteps, comm: StageCommunication) -> StageWork:
                      steps.backward_host_wait_s, comm.buckets)
 
 
-def pipeline_work(plan: ParallelPlan, kinds: tuple[tuple[int, ...], tuple[int, ...]],
-                  work_of: Callable[[int], StageWork], send: tuple[float, ...]) -> PipelineWork:
-    """The engine's work of every stage, ``work_of(stage)`` asked once per kind of stage (``stage_kinds``)."""
-    firsts, kind_of = kinds
-    works = [work_of(s) for s in firsts]
+def pipeline_work(plan: ParallelPlan, kind_of: tuple[int, ...], works: Sequence[StageWork],
+                  send: tuple[float, ...]) -> PipelineWork:
+    """The engine's work of every stage: ``works`` holds one per kind of stage, ``kind_of`` each stage's
+    kind (``stage_kinds``)."""
     return PipelineWork(tuple(works[k] for k in kind_of), send, plan.overlap_grad_reduce, plan.overlap_p2p_comm)
 
 
