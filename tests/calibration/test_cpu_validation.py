@@ -55,3 +55,4 @@ def test_bad_arguments_exit_2(tmp_path: Path, capsys):
     assert main(["--out", str(tmp_path), "--plans", "tp3"]) == 2
     assert "tp3" in capsys.readouterr().err
     assert main(["--out", str(tmp_path), "--iterations", "1"]) == 2
+    assert main(["--out", str(tmp_path), "--runs", "0"]) == 2
