@@ -1,8 +1,8 @@
 """The largest sizes the simulator accepts, and why each bound is where it is.
 
 Every size a user controls is bounded: past these, no training run that exists is described, and
-the simulator would take minutes or gigabytes to answer (the network graph holds every GPU of the
-nodes a group spans; the engine plays every micro-batch of every stage). A value past a bound is
+the simulator would take minutes or gigabytes to answer (a group routed GPU by GPU holds every GPU
+it spans; the engine plays every micro-batch of every stage). A value past a bound is
 refused with one sentence naming it and the bound, never a hang or a crash.
 """
 
@@ -10,9 +10,14 @@ from __future__ import annotations
 
 # --- the cluster and the plan --------------------------------------------------------------------
 
-MAX_GPUS = 131_072
-"""GPUs of one job (2**17). The largest training clusters built hold about 100,000 GPUs; the network
-graph costs about 5 KB and 0.15 ms per GPU, so this bound answers in about 20 s and 1 GB."""
+MAX_GPUS = 1_048_576
+"""GPUs of one job (2**20): five to ten times the largest training clusters built (100,000 to 200,000
+GPUs). The cost of an answer does not set it: a group's rings are routed over its two-node image, so a
+cold estimate of GPT-3 175B at TP 8, PP 16 takes 20-30 ms and under 70 MB at 1,024, 262,144 and
+1,048,576 GPUs alike (measured). Only a group whose stride is neither a multiple nor a divisor of a
+node's GPUs (the tied embedding's all-reduce when a stage's GPUs are not whole nodes) is still routed
+GPU by GPU, at about 0.1 ms and 5 KB per GPU it spans: 19 s and 0.9 GB for TP 1, PP 32 on 100,000
+GPUs, minutes and gigabytes near this bound."""
 
 MAX_GPUS_PER_NODE = 1_024
 """GPUs of one NVLink domain (a "node"); NVL72 racks hold 72, announced ones 576."""
