@@ -42,7 +42,8 @@ def clear_caches() -> None:
     import functools
     import importlib
 
-    for name in ("layers", "timing", "estimate", "memory", "schedules", "fast_engine", "costs.collectives", "profile"):
+    for name in ("layers", "timing", "estimate", "memory", "schedules", "fast_engine", "costs.collectives", "profile",
+                 "plan", "stage_work", "search_space"):
         module = importlib.import_module(f"simulator.{name}")
         for value in vars(module).values():
             if isinstance(value, functools._lru_cache_wrapper):
@@ -70,14 +71,14 @@ def bench_evaluation() -> None:
         print(f"  {label:6s}: {warm * 1e3:7.2f} ms warm, {_median_s(cold, 5) * 1e3:7.1f} ms cold")
     fast_engine.use_compiled(False)
     print("  cold by job size (same TP/PP, DP grows; global batch 1.5 x GPUs):")
-    for gpus in (1024, 16384, 262144):
+    for gpus in (1024, 16384, 262144, 1048576):
         j = gpt3_job(gpus=gpus, gbs=1536 * gpus // 1024)
 
         def cold_at(j=j):
             clear_caches()
             estimate(j)
 
-        print(f"    {gpus:7,d} GPUs: {_median_s(cold_at, 3) * 1e3:7.1f} ms")
+        print(f"    {gpus:9,d} GPUs: {_median_s(cold_at, 3) * 1e3:7.1f} ms")
 
 
 def bench_engine() -> None:
@@ -104,37 +105,36 @@ def bench_engine() -> None:
 
 
 def bench_search() -> None:
-    from simulator.search import SearchRequest, search
+    """The search of dense models (GPT-3 175B on 1,024 A100, Llama 3 405B on 16,384 H100) and of
+    mixtures of experts, whose space EP and ETP multiply; each cold, the first search of its model."""
+    from simulator.hardware import load_cluster
+    from simulator.model import PRESETS
 
     job = gpt3_job()
-    req = SearchRequest(model=job.model, cluster=job.cluster, num_gpus=1024, global_batch_size=1536)
+    result = _search("GPT-3 175B on 1,024 A100-80GB, global batch 1,536", job.model, job.cluster, 1024, 1536)
+    best = result.best
+    print(f"  best: {best.estimate.iteration_time_s:.2f} s/iteration, MFU {best.estimate.mfu * 100:.1f} %")
+    h100 = load_cluster("dgx-h100")
+    _search("Llama 3 405B on 16,384 H100, global batch 2,048, sequence 8,192", PRESETS["llama3-405b"], h100,
+            16384, 2048)
+    for name, gpus, batch in (("mixtral-8x7b", 64, 1024), ("mixtral-8x7b", 256, 1024),
+                              ("deepseek-v3-style", 2048, 4096)):
+        _search(f"{name} on {gpus:,} H100, global batch {batch:,}", PRESETS[name], h100, gpus, batch)
+
+
+def _search(label: str, model, cluster, gpus: int, batch: int):
+    """One search, timed, with its tiers' counts and how many plans it went through per second."""
+    from simulator.search import SearchRequest, search
+
+    req = SearchRequest(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=batch)
     t0 = time.perf_counter()
     result = search(req)
     elapsed = time.perf_counter() - t0
-    print(f"search: GPT-3 175B on 1,024 A100-80GB, global batch 1,536: {result.enumerated} candidates enumerated, "
-          f"{result.pruned_memory} pruned by memory, {len(result.screened)} screened in closed form, "
-          f"{result.simulated} simulated; {elapsed:.2f} s wall ({result.enumerated / elapsed:.0f} plans/s "
-          f"enumerated, {len(result.screened) / elapsed:.0f} plans/s screened)")
-    best = result.best
-    print(f"  best: {best.estimate.iteration_time_s:.2f} s/iteration, MFU {best.estimate.mfu * 100:.1f} %")
-    bench_moe_search()
-
-
-def bench_moe_search() -> None:
-    """The search of a mixture-of-experts model, whose space EP and ETP multiply."""
-    from simulator.hardware import load_cluster
-    from simulator.model import PRESETS
-    from simulator.search import SearchRequest, search
-
-    for name, gpus, batch in (("mixtral-8x7b", 64, 1024), ("mixtral-8x7b", 256, 1024),
-                              ("deepseek-v3-style", 2048, 4096)):
-        req = SearchRequest(model=PRESETS[name], cluster=load_cluster("dgx-h100"), num_gpus=gpus,
-                            global_batch_size=batch)
-        t0 = time.perf_counter()
-        result = search(req)
-        elapsed = time.perf_counter() - t0
-        print(f"search: {name} on {gpus:,} H100, global batch {batch:,}: {result.enumerated} enumerated, "
-              f"{len(result.screened)} screened, {result.simulated} simulated; {elapsed:.2f} s wall")
+    print(f"search: {label}: {result.enumerated:,} candidates enumerated, {result.pruned_memory:,} pruned by memory, "
+          f"{len(result.screened):,} screened in closed form, {result.simulated} simulated; {elapsed:.2f} s wall "
+          f"({result.enumerated / elapsed:,.0f} plans/s enumerated, {len(result.screened) / elapsed:,.0f} plans/s "
+          "screened)")
+    return result
 
 
 def bench_sweep() -> None:
