@@ -424,12 +424,29 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None,
     link = dict(max_busbw_gbps=best_busbw, half_size_bytes=p["half_size_bytes"], ramp_exponent=p["ramp_exponent"],
                 ramp_curve=curve, p2p_bandwidth_gbps=bw, p2p_latency_s=lat)
     sources.update(p2p_bandwidth_gbps=f"fitted to {backend} send/recv", p2p_latency_s=f"fitted to {backend} send/recv")
-    if raw["device"]["kind"] == "cpu":
-        # every rank of this machine is its own node (one device per node), so the whole latency goes to
-        # the inter-node steps: an all-reduce over 2 nodes takes 2 of them, and the intra-node part is 0
-        steps = 2 * (n - 1) if n > 2 else 2
-        network = LinkParams(latency_s=p["latency_s"] / steps, **link, fits=tuple(fits),
-                             sources={**sources, "latency_s": f"fitted all-reduce latency / {steps} inter-node steps"})
+
+    cpu = raw["device"]["kind"] == "cpu"
+    # every rank of a CPU is its own node (one device per node), so the whole latency goes to the
+    # inter-node steps: an all-reduce over 2 nodes takes 2 of them, and the intra-node part is 0
+    ar_steps = 2 * (n - 1) if n > 2 else 2
+
+    def link_time_s(kind: str, nbytes: float) -> float:
+        """The time the cost model gives a collective of ``kind`` over the measured group (before any factor):
+        on a CPU the latency per inter-node step times the kind's steps (n - 1 for all-gather and
+        reduce-scatter), on a GPU node the whole collective's latency."""
+        latency = p["latency_s"] / ar_steps * (ar_steps if kind == "all_reduce" else n - 1) if cpu else p["latency_s"]
+        ramped = LinkParams.model_construct(**link)
+        return latency + algorithm_factor(kind, n) * nbytes / (ramp(ramped, nbytes) * min(best_busbw, cap) * 1e9)
+
+    factors = _kind_factors({k: by[(k, mode)] for k in ("all_gather", "reduce_scatter")}, link_time_s)
+    if factors:
+        link["kind_factors"] = factors
+        sources["kind_factors"] = (f"the {backend} {', '.join(factors)} timings ({how[mode]}) over the link's time for "
+                                   "them: the backend's own cost of each kind")
+    if cpu:
+        network = LinkParams(latency_s=p["latency_s"] / ar_steps, **link, fits=tuple(fits),
+                             sources={**sources, "latency_s": f"fitted all-reduce latency / {ar_steps} inter-node "
+                                                              "steps"})
         nvlink = LinkParams(latency_s=0.0, **link, sources={**sources, "latency_s": "no intra-node peer: 0"})
         measured = network
     else:
@@ -445,18 +462,32 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None,
             notes.append("the inter-node network was not measured (one machine) and no published profile has it: "
                          "the measured intra-node link stands in for it")
         measured = nvlink
-    # The errors are the link model's (the all-reduce sweep and its latency) on every measured
-    # collective: all-gather and reduce-scatter were not used to build it.
+    # The errors are the link model's (the all-reduce sweep and its latency, each kind's measured factor) on
+    # every measured collective; the isolated ones were not used to build it.
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
         for m in ("in_loop", "isolated"):
             if by[(kind, m)]:
-                errors.append(_error(f"collectives.{kind}" + ("" if m == mode else f" ({m.replace('_', '-')})"), [
-                    (p["latency_s"] + algorithm_factor(kind, n) * r["bytes"]
-                     / (ramp(measured, r["bytes"]) * min(best_busbw, cap) * 1e9)) / r["time_s"] - 1.0
-                    for r in by[(kind, m)]]))
+                label = f"collectives.{kind}" + ("" if m == mode else f" ({m.replace('_', '-')})")
+                errors.append(_error(label + (" (measured factor)" if m == mode and kind in factors else ""), [
+                    link_time_s(kind, r["bytes"]) * (measured.kind_factor(kind, r["bytes"]) if m == mode else 1.0)
+                    / r["time_s"] - 1.0 for r in by[(kind, m)]]))
     errors.append(_error("collectives.send_recv", res))
     notes += _concurrent_compute_note(raw, by[("all_reduce", "in_loop")])
     return CollectiveParams(nvlink=nvlink, network=network), errors, notes
+
+
+def _kind_factors(rows_by_kind: dict[str, list[dict]], link_time_s) -> dict[str, tuple[tuple[float, float], ...]]:
+    """Per kind, (size, measured time / the link's time) over its sweep, where it has at least two sizes."""
+    factors = {}
+    for kind, rows in rows_by_kind.items():
+        by_size: dict[float, list[float]] = {}
+        for r in rows:
+            by_size.setdefault(float(r["bytes"]), []).append(float(r["time_s"]))
+        points = tuple((size, min(100.0, max(0.01, statistics.median(ts) / link_time_s(kind, size))))
+                       for size, ts in sorted(by_size.items()))
+        if len(points) >= 2:
+            factors[kind] = points
+    return factors
 
 
 def _concurrent_compute_note(raw: dict, in_loop: list[dict]) -> list[str]:

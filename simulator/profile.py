@@ -28,6 +28,7 @@ from pydantic import (
 
 from simulator import limits
 from simulator._io import check_name, exists, parse_json, read_text, short_repr, validation_message, write_output
+from simulator.curves import interpolate_log_log
 from simulator.errors import ProfileError
 
 SCHEMA_VERSION = 1
@@ -210,6 +211,13 @@ class LinkParams(_Block):
         None, description="Measured (size_bytes, fraction of max_busbw_gbps) points, sizes increasing; ramp(S) "
                           "is interpolated between them, the parametric form is used outside.",
     )
+    kind_factors: dict[str, tuple[tuple[float, float], ...]] | None = Field(
+        None, description="Per collective kind other than all-reduce (all_gather, reduce_scatter), measured (size_bytes, "
+                          "measured time over the link model's time of that kind) points, sizes increasing; that "
+                          "kind's time is multiplied by the factor interpolated (log-log) at its size, held at the "
+                          "ends. gloo on a CPU runs its reduce-scatter two to three times slower than the "
+                          "all-reduce-derived link says; NCCL's kinds agree with it to a few percent.",
+    )
     nvls_max_busbw_gbps: float | None = Field(
         None, **_GBPS, description="All-reduce bus bandwidth with NVLink SHARP (Hopper and later), GB/s."
     )
@@ -227,6 +235,25 @@ class LinkParams(_Block):
         if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
             raise ValueError("ramp_curve sizes must increase strictly; sort the points and drop repeated sizes")
         return self
+
+    @model_validator(mode="after")
+    def _kind_factors_are_curves(self) -> "LinkParams":
+        for kind, c in (self.kind_factors or {}).items():
+            if kind not in ("all_gather", "reduce_scatter", "all_to_all"):
+                raise ValueError(f"kind_factors has {kind!r}; use all_gather, reduce_scatter or all_to_all (the link "
+                                 "itself is the all-reduce's)")
+            if len(c) < 2 or any(not (0 < size <= _SIZE["le"] and 0.01 <= f <= 100) for size, f in c):
+                raise ValueError(f"kind_factors[{kind!r}] needs at least 2 points of (size_bytes, factor) with sizes "
+                                 "from 1 to 1e15 bytes and factors from 0.01 to 100; measure again or drop it")
+            if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
+                raise ValueError(f"kind_factors[{kind!r}] sizes must increase strictly; sort the points and drop "
+                                 "repeated sizes")
+        return self
+
+    def kind_factor(self, kind: str, nbytes: float) -> float:
+        """The measured correction of collectives of ``kind`` at ``nbytes`` (1 where none was measured)."""
+        curve = (self.kind_factors or {}).get(kind)
+        return interpolate_log_log(curve, nbytes) if curve else 1.0
 
 
 class HostParams(_Block):

@@ -383,3 +383,42 @@ def test_broken_kernel_curves_are_refused(curve, match):
     base = default_profile("A100-SXM4-80GB").elementwise.model_dump()
     with pytest.raises(ValueError, match=match):
         ElementwiseParams(**{**base, "kernel_curves": {"copy": curve}, "sources": {**base["sources"], "kernel_curves": "test"}})
+
+
+def test_a_collective_kind_slower_than_its_link_is_measured_as_a_factor():
+    """gloo's reduce-scatter ran 2.5x what the all-reduce-derived link gives it: the profile keeps that
+    factor per size, so the cost model gives the measured reduce-scatter back."""
+    from simulator.costs import CostModel, Group
+    from simulator.hardware import load_cluster
+    from simulator.layers import CollectiveKind
+    from simulator.plan import Precision
+
+    raw = _cpu_raw()
+    for r in raw["collectives"]:
+        if r["kind"] == "reduce_scatter" and r["mode"] == "in_loop":
+            r["time_s"] *= 2.5
+    result, plain = fit_profile(raw), fit_profile(_cpu_raw()).profile.collectives.network
+    link = result.profile.collectives.network
+    assert set(link.kind_factors) == {"all_gather", "reduce_scatter"} and "kind_factors" in link.sources
+    for (size, f), (plain_size, plain_f) in zip(link.kind_factors["reduce_scatter"], plain.kind_factors["reduce_scatter"]):
+        assert size == plain_size and f == pytest.approx(2.5 * plain_f, rel=1e-9)
+    gathered = [f for _, f in link.kind_factors["all_gather"]]
+    assert gathered == pytest.approx([f for _, f in plain.kind_factors["all_gather"]], rel=1e-9)
+    cost = CostModel(load_cluster("local-cpu"), result.profile, Precision.fp32)
+    for r in (r for r in raw["collectives"] if r["kind"] == "reduce_scatter" and r["mode"] == "in_loop"):
+        t = cost.collective_time_s(CollectiveKind.reduce_scatter, r["bytes"], Group(2, 1))
+        assert t == pytest.approx(r["time_s"], rel=1e-6)
+    assert any(e.block == "collectives.reduce_scatter (measured factor)" and e.max_abs < 1e-6
+               for e in result.fit_errors)
+    # the all-reduce is what the link was fitted to: slowing another kind leaves it as it was
+    plain_cost = CostModel(load_cluster("local-cpu"), fit_profile(_cpu_raw()).profile, Precision.fp32)
+    assert cost.collective_time_s(CollectiveKind.all_reduce, 2**18, Group(2, 1)) == pytest.approx(
+        plain_cost.collective_time_s(CollectiveKind.all_reduce, 2**18, Group(2, 1)), rel=1e-9)
+
+
+def test_kind_factors_of_the_all_reduce_itself_are_refused():
+    base = default_profile("A100-SXM4-80GB").collectives.nvlink.model_dump()
+    with pytest.raises(ValueError, match="use all_gather, reduce_scatter or all_to_all"):
+        type(default_profile("A100-SXM4-80GB").collectives.nvlink)(
+            **{**base, "kind_factors": {"all_reduce": ((1.0, 1.0), (2.0, 1.0))},
+               "sources": {**base["sources"], "kind_factors": "test"}})

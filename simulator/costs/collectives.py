@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from simulator.costs.curves import interpolate_log_log
+from simulator.curves import interpolate_log_log
 from simulator.costs.network import NETWORK, NVLINK, Network, RingShape
 from simulator.hardware import ClusterSpec
 from simulator.layers import CollectiveKind
@@ -87,14 +87,16 @@ class CollectiveModel:
                 and group.size == self.cluster.gpus_per_node):
             busbw = self.nvlink.nvls_max_busbw_gbps  # NVLink SHARP reduces in the switch
         bandwidth_s = _factor(kind, group.size) * nbytes / (ramp(params, nbytes) * busbw * 1e9)
+        # a backend whose kinds stray from its all-reduce-derived link (gloo's reduce-scatter) was measured so
+        correction = params.kind_factor(kind.value, nbytes) if params.kind_factors else 1.0
         if shape.nodes == 1:
-            return self.nvlink.latency_s + bandwidth_s
+            return (self.nvlink.latency_s + bandwidth_s) * correction
         steps = shape.nodes - 1
         if kind is CollectiveKind.all_reduce:
             ring = 2 * steps
             tree = 2 * math.ceil(math.log2(shape.nodes))
             steps = min(ring, tree)  # NCCL's tree has the ring's bandwidth bound but log-depth latency
-        return self.nvlink.latency_s + steps * self._step_latency_s(shape) + bandwidth_s
+        return (self.nvlink.latency_s + steps * self._step_latency_s(shape) + bandwidth_s) * correction
 
     def _hierarchical(self, kind: CollectiveKind, nbytes: float, group: Group, shape: RingShape) -> float:
         g = shape.per_node

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.costs.curves import interpolate_log_log_array
+from simulator.curves import interpolate_log_log_array
 from simulator.profile import ElementwiseParams
 
 
