@@ -212,6 +212,15 @@ def targets(session: Session) -> list[tuple[str, float | None, float, bool]]:
     return out
 
 
+def relative_to_tp1(session: Session) -> list[tuple[str, float, float]]:
+    """(plan, measured / TP 1's measured, predicted / TP 1's predicted) for every plan but TP 1."""
+    base = next((p for p in session.plans if p.label == "TP 1"), None)
+    if base is None:
+        return []
+    return [(p.label, p.measured_s / base.measured_s, p.predicted_s / base.predicted_s)
+            for p in session.plans if p is not base]
+
+
 def _summary(session: Session) -> dict:
     return {
         "started": session.started, "machine": session.machine, "cores": session.cores,
@@ -223,6 +232,7 @@ def _summary(session: Session) -> dict:
                    "run_means_s": p.run_means_s,
                    "validation": p.validation} for p in session.plans],
         "targets": [{"target": t, "worst": v, "limit": lim, "met": met} for t, v, lim, met in targets(session)],
+        "relative_to_tp1": [{"plan": label, "measured": m, "predicted": pr} for label, m, pr in relative_to_tp1(session)],
     }
 
 
@@ -290,6 +300,16 @@ def render(session: Session, out: Path) -> str:
                      f"{_pct(p.validation['iteration_time_s']['relative_error'])} | "
                      f"{', '.join(_ms(m) for m in p.run_means_s) or '-'} | {_load(p.load_average)} | "
                      f"{p.validation['verdict']} |")
+    relative = relative_to_tp1(session)
+    if relative:
+        lines += ["", "## Relative to TP 1", "",
+                  "Each plan's time over TP 1's, measured and predicted: a drift of the machine's speed between the "
+                  "calibration and the runs (this virtual machine's cores run 20-30% faster or slower from one "
+                  "stretch of minutes to the next) scales both plans alike and cancels here, what the model gets "
+                  "wrong about the plan does not.", "",
+                  "| plan | measured / TP 1 | predicted / TP 1 | error |", "|---|---|---|---|"]
+        for label, measured, predicted in relative:
+            lines.append(f"| {label} | {measured:.3f} | {predicted:.3f} | {_pct(predicted / measured - 1)} |")
     lines += ["", "## Phases (Megatron's timers, mean over timed iterations and the stage's ranks)", "",
               "| plan | phase | stage | predicted | measured (min .. max) | error |", "|---|---|---|---|---|---|"]
     for p in session.plans:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from calibration.cpu_validation import PLANS, PlanResult, Session, _slug, main, render, targets
 
 
@@ -56,3 +58,16 @@ def test_bad_arguments_exit_2(tmp_path: Path, capsys):
     assert "tp3" in capsys.readouterr().err
     assert main(["--out", str(tmp_path), "--iterations", "1"]) == 2
     assert main(["--out", str(tmp_path), "--runs", "0"]) == 2
+
+
+def test_each_plan_is_also_judged_relative_to_tp1(tmp_path: Path):
+    """A machine 25% slower during the runs than while calibrating misses every absolute target; the
+    ratios to TP 1 cancel it."""
+    from calibration.cpu_validation import relative_to_tp1
+
+    s = _session(0.1, 0.0)
+    for p in s.plans:
+        p.validation["iteration_time_s"]["measured"] *= 1.25
+    rows = relative_to_tp1(s)
+    assert len(rows) == len(PLANS) - 1 and all(m == pytest.approx(pr) for _, m, pr in rows)
+    assert "## Relative to TP 1" in render(s, tmp_path)
