@@ -3,10 +3,13 @@
 import json
 from importlib import resources
 
+import networkx as nx
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from simulator.costs import Group, build_cost_model
-from simulator.costs.network import NETWORK, NVLINK, build_network
+from simulator.costs.network import NETWORK, NVLINK, Network, _SiblingRings, build_network
 from simulator.hardware import load_cluster
 from simulator.layers import CollectiveKind as K
 from simulator.layers import CollectiveOp, Op, OpKind
@@ -119,3 +122,85 @@ def test_pipeline_sends_share_a_nic_when_two_gpus_sit_behind_it():
     two = COST.p2p_time_s(8 * 2**20, inter_node=True, sharing=2)
     assert two > one and two - one == pytest.approx(one - COST.p2p_time_s(1, inter_node=True), rel=1e-3)
     assert COST.p2p_time_s(8 * 2**20, inter_node=False, sharing=2) == COST.p2p_time_s(8 * 2**20, inter_node=False)
+
+
+def _cluster(gpus_per_node: int, nics_per_node: int, nodes_per_su: int, nvswitch: bool):
+    fabric = CLUSTER.fabric.model_copy(update={"nodes_per_scalable_unit": nodes_per_su})
+    return CLUSTER.model_copy(update={"gpus_per_node": gpus_per_node, "nics_per_node": nics_per_node,
+                                      "nvswitch": nvswitch, "fabric": fabric})
+
+
+_shapes = st.tuples(st.integers(1, 8), st.integers(1, 8), st.integers(1, 4), st.booleans())
+_efficiency = st.floats(0.3, 1.0)
+
+
+@settings(max_examples=80)
+@given(shape=_shapes, nodes=st.integers(1, 12), pairs=st.lists(st.tuples(st.integers(0, 95), st.integers(0, 95)),
+                                                                min_size=1, max_size=30))
+def test_closed_form_path_is_the_one_the_graph_search_returns(shape, nodes, pairs):
+    cluster = _cluster(*shape)
+    gpus = nodes * cluster.gpus_per_node
+    graph = build_network(cluster, gpus)
+    rings = _SiblingRings(cluster, {NVLINK: 1.0, NETWORK: 1.0}, gpus, 1)  # spans exactly these nodes
+    for a, b in pairs:
+        a, b = a % gpus, b % gpus
+        if a != b:
+            assert rings._path(a, b) == nx.bidirectional_shortest_path(graph, ("gpu", a), ("gpu", b))
+
+
+@st.composite
+def _groups(draw, max_gpus: int = 320):
+    """A cluster shape and a group whose siblings span more than a node and at most ``max_gpus``."""
+    shape = draw(_shapes)
+    span = draw(st.integers(shape[0] + 1, max_gpus) | st.integers(max_gpus // 2, max_gpus))  # long groups too
+    size = draw(st.integers(2, span))
+    return shape, size, max(span // size, shape[0] // size + 1)
+
+
+@settings(max_examples=150)
+@given(group=_groups(), nvlink=_efficiency, network=_efficiency)
+def test_sibling_rings_in_closed_form_match_routing_the_whole_job(group, nvlink, network):
+    """Every field of the ring's shape, for any group: the closed form against the graph of every GPU the
+    group's siblings span (a few hundred here, so that the closed form's one period and two ends are a
+    small part of the job), both with every sibling group's flows."""
+    shape, size, stride = group
+    cluster = _cluster(*shape)
+    assume(size * stride <= 320)
+    efficiency = {NVLINK: nvlink, NETWORK: network}
+    net = Network(cluster, efficiency)
+    full = net._route_all(size, stride)
+    fast = _SiblingRings(cluster, efficiency, size, stride).shape()
+    assert (fast.bottleneck_class, fast.nodes, fast.per_node, fast.switch_hops) == (
+        full.bottleneck_class, full.nodes, full.per_node, full.switch_hops)
+    assert fast.busbw_gbps == pytest.approx(full.busbw_gbps, rel=1e-9)
+    gpn = cluster.gpus_per_node
+    if stride % gpn and gpn % stride:  # no two-node image: ring() takes the closed form
+        assert net.ring(size, stride) == fast
+
+
+def test_closed_form_evaluates_one_period_of_a_long_group():
+    """A long group's middle repeats: its segments are evaluated once per distinct key, and the result
+    still matches the whole job's routing (4-GPU nodes, 2-node units, stride 3: 98 nodes whose keys
+    repeat every 6)."""
+    cluster = _cluster(4, 2, 2, True)
+    efficiency = {NVLINK: 0.9, NETWORK: 0.8}
+    rings = _SiblingRings(cluster, efficiency, 130, 3)
+    keys = {rings._segment_key(j) for j in rings._segments()}
+    assert len(keys) < rings.wrap_node // 2
+    assert rings.shape() == Network(cluster, efficiency)._route_all(130, 3)
+
+
+def test_a_data_parallel_group_that_ends_inside_a_node_matches_routing_the_whole_job():
+    # TP 1, PP 32 on 100,000 A100: 3,125 ranks, 391 nodes (the last holds 5), 20-node scalable units
+    efficiency = COST.collectives.network.efficiency
+    assert _SiblingRings(CLUSTER, efficiency, 3125, 1).shape() == Network(CLUSTER, efficiency)._route_all(3125, 1)
+
+
+def test_tp1_pp32_groups_on_a_million_gpus_never_build_the_jobs_graph():
+    # the data-parallel groups end inside a node, and the tied embedding's all-reduce pairs the first and
+    # last stages' GPUs, 31 stages of 31,250 apart: 6 GPUs past a node boundary
+    net = Network(CLUSTER, COST.collectives.network.efficiency)
+    small, large = net.ring(2, 3125 * 31), net.ring(2, 31250 * 31)
+    net.ring(31250, 1)
+    assert not net._graphs
+    assert small == large and small.nodes == 2 and small.switch_hops == 3
