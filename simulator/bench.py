@@ -79,6 +79,12 @@ def bench_evaluation() -> None:
             estimate(j)
 
         print(f"    {gpus:9,d} GPUs: {_median_s(cold_at, 3) * 1e3:7.1f} ms")
+    for gpus in (100_000, 1_000_000):  # TP 1: a stage is not whole nodes, nor its tied-embedding all-reduce's stride
+        plan = ParallelPlan(tensor_parallel_size=1, pipeline_parallel_size=32, data_parallel_size=gpus // 32,
+                            micro_batch_size=1, global_batch_size=gpus)
+        j = Job(model=load_model("gpt3-2.7b"), cluster=job.cluster, plan=plan)
+        print(f"    {gpus:9,d} GPUs, GPT-3 2.7B TP 1 PP 32: "
+              f"{_median_s(lambda j=j: (clear_caches(), estimate(j)), 3) * 1e3:7.1f} ms")
 
 
 def bench_engine() -> None:
