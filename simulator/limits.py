@@ -12,12 +12,14 @@ from __future__ import annotations
 
 MAX_GPUS = 1_048_576
 """GPUs of one job (2**20): five to ten times the largest training clusters built (100,000 to 200,000
-GPUs). The cost of an answer does not set it: a group's rings are routed over its two-node image, so a
-cold estimate of GPT-3 175B at TP 8, PP 16 takes 20-30 ms and under 70 MB at 1,024, 262,144 and
-1,048,576 GPUs alike (measured). Only a group whose stride is neither a multiple nor a divisor of a
-node's GPUs (the tied embedding's all-reduce when a stage's GPUs are not whole nodes) is still routed
-GPU by GPU, at about 0.1 ms and 5 KB per GPU it spans: 19 s and 0.9 GB for TP 1, PP 32 on 100,000
-GPUs, minutes and gigabytes near this bound."""
+GPUs). The cost of an answer does not set it: a group's rings are routed over its two-node image, or,
+when its stride is neither a multiple nor a divisor of a node's GPUs or its last node is only partly
+its own (the tied embedding's all-reduce and the data-parallel groups when a stage's GPUs are not
+whole nodes), in closed form over the nodes near its two ends and one period of its middle, a cost set
+by the node and the scalable unit. So a cold estimate of GPT-3 175B at TP 8, PP 16 takes 20-30 ms and
+under 70 MB at 1,024, 262,144 and 1,048,576 GPUs alike, and one of GPT-3 2.7B at TP 1, PP 32 25-35 ms
+and under 65 MB at 100,000 and 1,000,000 GPUs (measured; routed GPU by GPU, as before, those took 15 s
+and 0.9 GB, and 3 minutes and 7.7 GB)."""
 
 MAX_GPUS_PER_NODE = 1_024
 """GPUs of one NVLink domain (a "node"); NVL72 racks hold 72, announced ones 576."""
