@@ -1,9 +1,9 @@
 """The largest sizes the simulator accepts, and why each bound is where it is.
 
 Every size a user controls is bounded: past these, no training run that exists is described, and
-the simulator would take minutes or gigabytes to answer (a group routed GPU by GPU holds every GPU
-it spans; the engine plays every micro-batch of every stage). A value past a bound is
-refused with one sentence naming it and the bound, never a hang or a crash.
+some would take minutes or gigabytes to answer (the engine plays every micro-batch of every stage;
+the search tries every number of checkpointed layers). A value past a bound is refused with one
+sentence naming it and the bound, never a hang or a crash.
 """
 
 from __future__ import annotations
