@@ -85,12 +85,14 @@ class SetErrors:
 
 
 def evaluate(data: DataSet, profile=None) -> SetErrors:
-    """Predict every run of ``data`` (with ``profile``, else each run's own or the published one)."""
+    """Predict every run of ``data`` (with the run's own profile where it has one, else ``profile``, else
+    its GPU's published one)."""
     from simulator.estimate import estimate
 
     rows, by_tag = [], {}
     for run in data.runs():
-        predicted = estimate(run.job, profile if profile is not None else run.profile).iteration_time_s
+        # a run measured beside its own profile (the CPU loop's) is predicted with it, not with another device's
+        predicted = estimate(run.job, run.profile if run.profile is not None else profile).iteration_time_s
         row = RowError(run.label, predicted, run.measured_s)
         rows.append(row)
         for tag in data.subsets:
@@ -181,7 +183,41 @@ VTRAIN_SINGLE_NODE = DataSet(
 )
 
 
-REGISTRY: tuple[DataSet, ...] = (KORTHIKANTI, VTRAIN_SINGLE_NODE)
+# --- the reference loop on this repository's CPU ---------------------------------------------------
+
+CPU_VALIDATION = Path(__file__).resolve().parents[1] / "reports" / "cpu-validation"
+
+
+def _cpu_runs() -> list[MeasuredRun]:
+    """The six plans of ``python -m calibration.cpu_validation``, each predicted with the CPU profile
+    calibrated minutes before it in the same session (none where the repository's reports are absent,
+    as in an installed wheel)."""
+    from simulator.run_record import load_run_record
+    from simulator.validate import job_of
+
+    profile = CPU_VALIDATION / "cpu-profile.json"
+    if not profile.is_file():
+        return []
+    runs = []
+    for path in sorted(CPU_VALIDATION.glob("run-*.json")):
+        record = load_run_record(path)
+        times = record.timed_iteration_times_s
+        runs.append(MeasuredRun(path.stem.removeprefix("run-"), job_of(record), statistics.fmean(times),
+                                {"plan": path.stem.removeprefix("run-")}, str(profile)))
+    return runs
+
+
+CPU_REFERENCE = DataSet(
+    key="cpu-reference-loop",
+    title="Reference loop on this repository's 2-core CPU (6 plans, gloo, fp32; the CPU profile measured beside them)",
+    source="reports/cpu-validation/README.md (python -m calibration.cpu_validation)",
+    role=Role.checked,
+    fitted=(),
+    runs=_cpu_runs,
+)
+
+
+REGISTRY: tuple[DataSet, ...] = (KORTHIKANTI, VTRAIN_SINGLE_NODE, CPU_REFERENCE)
 
 
 def data_set(key: str) -> DataSet:

@@ -267,7 +267,7 @@ def _parity_data(profile, cpu_validation: Path) -> dict[str, Any]:
     sets.append({"name": "Figure 1: memory per GPU", "unit": "GiB", "source": korth, "tolerance": None,
                  "points": _comparisons((c.label, c.predicted, c.published) for c in k.figure1())})
     sets += _cpu_sets(cpu_validation)
-    sets += _registry_sets(profile, covered={"korthikanti2022"})
+    sets += _registry_sets(profile, covered={"korthikanti2022", "cpu-reference-loop"})
     return {"kind": "parity", "title": "Predicted vs measured: every validation data set in the repository",
             "sets": sets}
 

@@ -55,3 +55,15 @@ def test_korthikanti_set_is_checked_not_fitted():
     assert KORTHIKANTI.role is Role.checked and not KORTHIKANTI.fitted
     errors = evaluate(KORTHIKANTI)
     assert len(errors.rows) == 9 and errors.mean_abs_error <= 0.04
+
+
+def test_the_cpu_runs_are_predicted_with_the_profile_measured_beside_them():
+    from simulator.datasets import CPU_REFERENCE, CPU_VALIDATION
+    from simulator.run_record import load_run_record
+    from simulator.validate import validate
+
+    errors = evaluate(CPU_REFERENCE, default_profile("A100-SXM4-80GB"))  # the run's own profile wins
+    assert CPU_REFERENCE.role is Role.checked and len(errors.rows) == 6
+    for row in errors.rows:
+        v = validate(load_run_record(CPU_VALIDATION / f"run-{row.label}.json"), str(CPU_VALIDATION / "cpu-profile.json"))
+        assert row.predicted_s == v.iteration_time_s.predicted and row.measured_s == v.iteration_time_s.measured
