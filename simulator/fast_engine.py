@@ -67,6 +67,14 @@ def _steps(p: int, m: int, v: int, kind: str):
 def compile_schedule(p: int, m: int, v: int, kind: str = "1f1b") -> CompiledSchedule:
     """``schedules.build_schedule``'s steps as flat data, computed from the schedule's formulas for every
     stage at once (the tests check the two agree step for step)."""
+    rows = zip(*(a.tolist() for a in _schedule_arrays(p, m, v, kind)))
+    return CompiledSchedule(tuple(tuple(zip(*row)) for row in rows), 2 * m * p * v)
+
+
+@lru_cache(maxsize=64)
+def _schedule_arrays(p: int, m: int, v: int, kind: str):
+    """(is forward, chunk, slot waited for or -1, slot filled or -1, is the chunk's last backward), each
+    (p, 2 m v): every stage plays the same number of steps."""
     fwd, mb, chunk, last_pos = _steps(p, m, v, kind)
     s = np.arange(p)[:, None]
     # the input a step waits for is keyed by its own coordinates; the output it sends by its consumer's
@@ -80,8 +88,7 @@ def compile_schedule(p: int, m: int, v: int, kind: str = "1f1b") -> CompiledSche
     fill = np.where(fwd, np.where(sends_f, to_f, -1), np.where(sends_b, to_b, -1))
     last = np.zeros(fwd.shape, dtype=bool)
     np.put_along_axis(last, last_pos, True, axis=1)
-    rows = zip(fwd.tolist(), chunk.tolist(), wait_slot.tolist(), fill.tolist(), last.tolist())
-    return CompiledSchedule(tuple(tuple(zip(*row)) for row in rows), 2 * m * p * v)
+    return fwd, np.broadcast_to(chunk, fwd.shape), wait_slot, fill, last
 
 
 def _slot(backward, mb, stage, chunk, m: int, p: int, v: int):
@@ -213,12 +220,11 @@ def run(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> Engin
 def _arrays(p: int, m: int, v: int, kind: str):
     import numpy as np
 
-    compiled = compile_schedule(p, m, v, kind)
-    rows = [step for stage in compiled.stages for step in stage]
-    offsets = np.zeros(p + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(stage) for stage in compiled.stages])
-    table = np.array([(int(f), c, w, fill, int(lb)) for f, c, w, fill, lb in rows], dtype=np.int64).reshape(-1, 5)
-    return offsets, table, compiled.slots
+    columns = _schedule_arrays(p, m, v, kind)  # straight to the kernel's table, no Python tuples between
+    steps = columns[0].shape[1]
+    offsets = np.arange(p + 1, dtype=np.int64) * steps
+    table = np.stack([np.asarray(c, dtype=np.int64) for c in columns], axis=-1).reshape(-1, 5)
+    return offsets, table, 2 * m * p * v
 
 
 def _numba_kernel():
