@@ -216,7 +216,9 @@ _DENSE_KIN = ("llama", "mistral", "qwen2")
 
 def _refuse_latent_attention(data: Mapping[str, Any], where: str) -> None:
     archs = data.get("architectures")
-    named = [_LATENT_ATTENTION[a] for a in archs if a in _LATENT_ATTENTION] if isinstance(archs, list) else []
+    # only names can be looked up; a malformed list is refused with its own sentence by _named_family
+    named = ([_LATENT_ATTENTION[a] for a in archs if isinstance(a, str) and a in _LATENT_ATTENTION]
+             if isinstance(archs, list) else [])
     model_type = data.get("model_type")
     if isinstance(model_type, str) and model_type in _LATENT_ATTENTION.values():
         named.append(model_type)

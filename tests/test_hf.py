@@ -146,6 +146,7 @@ def test_unknown_architecture_names_it_and_the_supported_ones(tmp_path):
     ({"num_attention_heads": 48}, "num_attention_heads=48"),  # does not divide 4096
     ({"num_key_value_heads": 6}, "num_query_groups=6"),  # does not divide 32 heads
     ({"architectures": "LlamaForCausalLM"}, "architectures='LlamaForCausalLM'"),
+    ({"architectures": [["LlamaForCausalLM"]]}, "architectures=[['LlamaForCausalLM']]"),  # a fuzz case's crash
     ({"architectures": None, "model_type": ["llama"]}, "model_type=['llama']"),
     ({"hidden_act": ["silu"]}, "hidden_act=['silu']"),
 ])
