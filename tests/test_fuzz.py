@@ -345,7 +345,12 @@ def model_args(draw, work: Workdir) -> tuple[list[str], int | None]:
     else:
         args = ["--model", draw(st.sampled_from(["gpt-9", "", "a" * 300, "missing.yaml", "/dev/zero", "/proc"])), *args]
         expected = None
-    if seq is not None and isinstance(seq, int):
+    if isinstance(seq, str):  # the flag reads numbers as Python's int() does: '1_000', '\u0661' and '８' are numbers
+        try:
+            seq = int(seq.strip())
+        except ValueError:
+            seq = None
+    if seq is not None:
         expected = seq
     return args, expected
 

@@ -97,6 +97,17 @@ def test_out_of_range_numbers_are_one_sentence(flag, value):
     assert len(line) < 300  # a 5,000-digit value is not echoed back
 
 
+@pytest.mark.parametrize("text,number", [("\u0661\u0662\u0668", 128), ("\uff18", 8), ("1_024", 1024), (" 64 ", 64)])
+def test_a_number_python_reads_is_the_number_the_answer_uses(text, number):
+    # The flags read whole numbers as Python's int() does; the JSON and the throughput then follow that number.
+    result = CliRunner().invoke(cli, ["plan", "--model", "gpt3-125m", "--seq-length", text, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["seq_length"] == number
+    assert doc["tokens_per_s"] == pytest.approx(
+        doc["plan"]["global_batch_size"] * number / doc["iteration_time_s"], rel=1e-12)
+
+
 def test_huge_micro_batch_counts_are_refused_at_once():
     start = time.monotonic()
     refused("plan", "--model", "gpt3-125m", "--gbs", "10000000", needle="forward steps per iteration")
