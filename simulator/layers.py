@@ -159,11 +159,14 @@ def _softmax_steps(dm: Dims, precision: Precision) -> tuple[tuple[str, float, fl
 
     Fused: one kernel in the activation dtype. Otherwise Megatron's PyTorch path: the scores cast to
     fp32 (``attention_softmax_in_fp32``), scaled by 1 / layer number under fp16's query-key layer
-    scaling, masked in place, the softmax, and the cast back.
+    scaling, masked in place, the softmax, and the cast back; fp32 scores (the fused kernel takes
+    only half precision) are masked in place and go through the softmax, with no casts.
     """
     ab = dm.ab
     half = precision is not Precision.fp32
-    if fused_softmax_available(dm.s, dm.b * dm.a, half) or not half:
+    if not half:
+        return (("softmax.mask", FP32_BYTES, FP32_BYTES), ("softmax", FP32_BYTES, FP32_BYTES))
+    if fused_softmax_available(dm.s, dm.b * dm.a, half):
         return (("softmax", ab, ab),)
     steps = [("softmax.cast_fp32", ab, FP32_BYTES)]
     if precision is Precision.fp16:

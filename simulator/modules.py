@@ -466,7 +466,8 @@ class CoreAttention(Module):
             saves = (SavedTensor("softmax.output", probs, int(write)),) if name == "softmax" else ()
             g.add(elementwise(name, probs, read / ab, write / ab, ab, region=CORE_ATTENTION, saves=saves))
         context_saves = [SavedTensor("v", kv, ab, region_input=True)]
-        if len(self.softmax) > 1 and self.dropout == 0:  # the context GEMM keeps the cast-back copy
+        if any(name == "softmax.cast_back" for name, _, _ in self.softmax) and self.dropout == 0:
+            # the context GEMM keeps the cast-back copy
             context_saves.append(SavedTensor("softmax.cast_back.output", probs, ab))
         if self.dropout > 0:
             g.add(elementwise("attention_dropout", probs, 1, 1, ab, region=CORE_ATTENTION, mask=True,

@@ -2,7 +2,7 @@
 
 Bytes: ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor autograd keeps. Each
 storage is counted once (q, k and v are views of one qkv output; the softmax output is saved by
-both softmax and the context GEMM when there is no dropout) and parameters are left out. Tensors
+both softmax and the context GEMM when there is no dropout) and parameters and buffers are left out. Tensors
 a LayerNorm saves besides its input (its fp32 mean and 1/std per token) are counted apart as
 ``norm_statistics_bytes``: Korthikanti et al. and the simulator leave them out of the model.
 
@@ -26,7 +26,8 @@ class SavedTensorMeter:
 
     def __init__(self, module: nn.Module) -> None:
         self._module = module
-        self._params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        # parameters and buffers (the causal mask every layer and micro-batch shares) are not activations
+        self._params = {p.untyped_storage().data_ptr() for p in (*module.parameters(), *module.buffers())}
         self._seen: dict[int, tuple[int, bool]] = {}  # storage -> (bytes, is a norm statistic)
         self._norm_input: int | None = None
         self._handles: list = []

@@ -129,8 +129,8 @@ class TransformerLayer(nn.Module):
             self.fc2 = RowParallelLinear(model.ffn_size, h, name=f"{name}.fc2", **common)
         if not self.fused_attention:
             s = model.seq_length
-            causal = torch.full((s, s), float("-inf"), dtype=dtype, device=device).triu(1)
-            self.register_buffer("causal_bias", causal, persistent=False)
+            causal = torch.ones((s, s), dtype=torch.bool, device=device).triu(1)  # True: masked out
+            self.register_buffer("causal_mask", causal, persistent=False)
 
     def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v (s, b, np, hn) -> context (s, b, np*hn): fused (ring) attention, or Megatron's unfused path."""
@@ -139,13 +139,18 @@ class TransformerLayer(nn.Module):
         return self.unfused_attention(q, k, v)
 
     def unfused_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(QK^T / sqrt(hn) + causal) -> dropout -> x V; q, k, v (s, b, np, hn) -> (s, b, np*hn)."""
+        """softmax(mask(QK^T / sqrt(hn))) -> dropout -> x V; q, k, v (s, b, np, hn) -> (s, b, np*hn).
+
+        As Megatron's ``DotProductAttention`` runs it: the scale goes into the GEMM (``baddbmm``'s
+        alpha, beta 0), the causal mask is filled in place with -10000 (``attention_mask_func``), then
+        the softmax; in fp32 the fused scale-mask-softmax kernel does not apply and these are PyTorch ops."""
         s, b, n, d = q.shape
         q = q.reshape(s, b * n, d).transpose(0, 1)  # (b*np, s, hn), still a view of the qkv output
         k = k.reshape(s, b * n, d).transpose(0, 1)
         v = v.reshape(s, b * n, d).transpose(0, 1)
-        scores = torch.bmm(q, k.transpose(1, 2)) * attention_scale(d)  # (b*np, s, s)
-        probs = torch.softmax(scores + self.causal_bias, dim=-1)  # keeps its output
+        scores = torch.baddbmm(torch.empty(b * n, s, s, dtype=q.dtype, device=q.device), q, k.transpose(1, 2),
+                               beta=0.0, alpha=attention_scale(d))  # (b*np, s, s)
+        probs = torch.softmax(scores.masked_fill_(self.causal_mask, -10000.0), dim=-1)  # keeps its output
         probs = dropout(probs, self.attention_dropout, self.training)  # keeps a 1-byte mask
         context = torch.bmm(probs, v)  # (b*np, s, hn); keeps probs and v
         return context.transpose(0, 1).reshape(s, b, n * d)
