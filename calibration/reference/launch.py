@@ -108,6 +108,12 @@ def _first_error(output: str) -> str:
     for line in reversed(lines):
         if _EXCEPTION_LINE.match(line) and not line.startswith("torch.distributed"):
             return line.rstrip(".")
+    # a rank that died in native code leaves no Python exception: say how it died (torchrun's failure table
+    # lists the root cause, the first rank to fail, last)
+    signals = [line.split(":", 1)[1].strip() for line in lines if line.startswith("traceback :")]
+    native = next((line for line in lines if line.startswith("terminate called")), None)
+    if signals or native:
+        return "; ".join(x for x in (native, f"a rank got {signals[-1]}" if signals else None) if x).rstrip(".")
     return lines[-1].rstrip(".") if lines else "no output"
 
 

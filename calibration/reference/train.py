@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                            Path(dump) if dump else None, threads=args.threads)
             if record is not None and entry.get("out"):
                 write_run_record(record, entry["out"])
+        dist.barrier()  # no rank tears its process group down while a peer still talks to it
     finally:
         dist.destroy_process_group()
     return 0
