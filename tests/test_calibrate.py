@@ -422,3 +422,19 @@ def test_kind_factors_of_the_all_reduce_itself_are_refused():
         type(default_profile("A100-SXM4-80GB").collectives.nvlink)(
             **{**base, "kind_factors": {"all_reduce": ((1.0, 1.0), (2.0, 1.0))},
                "sources": {**base["sources"], "kind_factors": "test"}})
+
+
+def test_one_noisy_size_does_not_make_a_kind_factor_but_a_trend_does():
+    """A single in-loop point at twice its neighbours is the tail of a mean, not the backend: the factor there is
+    its neighbours'; a factor that rises with size, or a level, passes through as measured."""
+    from simulator.calibrate import _kind_factors
+
+    def rows(factors):
+        return [{"bytes": 1024 * 4**i, "time_s": f} for i, f in enumerate(factors)]
+
+    one = lambda kind, size: 1.0  # noqa: E731 - the link's time: factors are the times themselves
+    spiked = _kind_factors({"all_gather": rows([2.0, 2.2, 4.5, 2.1, 2.3])}, one)["all_gather"]
+    assert [f for _, f in spiked] == pytest.approx([2.0, 2.2, 2.2, 2.3, 2.3])
+    rising = [1.5, 1.8, 2.2, 2.7, 3.2]
+    assert [f for _, f in _kind_factors({"reduce_scatter": rows(rising)}, one)["reduce_scatter"]] == pytest.approx(rising)
+    assert [s for s, _ in spiked] == [1024 * 4**i for i in range(5)]
