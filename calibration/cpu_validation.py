@@ -14,6 +14,12 @@ measurement, each phase within 30%), each marked met or missed.
 It sets no thread variables itself: the launcher runs every rank with one thread, records it and
 ``validate`` checks it against the profile's. Timings on a shared machine are noise, so the load
 average is recorded before, between and after the steps, and the README says how quiet it was.
+
+A virtual machine's speed also drifts with no load to show for it, so a fixed piece of work
+(``calibration.microbench.probe``: one layer's forward kernels at the model's shapes, one thread) is
+timed before and after every calibration and every run. Each plan's row then says how fast the
+machine was during its run against during the calibration, and what the error would be at the run's
+speed: a diagnostic that tells the machine's drift from the model's error, never a target met.
 """
 
 from __future__ import annotations
@@ -60,6 +66,8 @@ class PlanResult:
     iteration_times_s: list[float]
     load_average: tuple[float, float, float] | None
     run_means_s: list[float] = field(default_factory=list)  # every run's mean iteration, the validated one among them
+    probe_s: float | None = None  # the speed probe around the validated run (mean of the probes before and after it)
+    calibration_probe_s: float | None = None  # the same probe around the calibration of the validated profile
 
     @property
     def predicted_s(self) -> float:
@@ -72,6 +80,19 @@ class PlanResult:
     @property
     def stability(self) -> float:
         return self.repeat_prediction_s / self.predicted_s - 1.0
+
+    @property
+    def machine_slowdown(self) -> float | None:
+        """How much longer the probe took around the run than around the calibration (1.2: 20% slower)."""
+        if not self.probe_s or not self.calibration_probe_s:
+            return None
+        return self.probe_s / self.calibration_probe_s
+
+    @property
+    def error_at_run_speed(self) -> float | None:
+        """(predicted x machine slowdown - measured) / measured: the error with the machine's drift taken out."""
+        slow = self.machine_slowdown
+        return None if slow is None else self.predicted_s * slow / self.measured_s - 1.0
 
     def judged_phases(self) -> list[dict]:
         return [ph for ph in self.validation["phases"] if ph["relative_error"] is not None
@@ -87,10 +108,29 @@ class Session:
     calibrations: list[dict] = field(default_factory=list)  # per profile: path, fit errors, notes, loads, attempts
     plans: list[PlanResult] = field(default_factory=list)
     load_after: tuple[float, float, float] | None = None
+    probes: list[dict] = field(default_factory=list)  # every speed probe, in order: moment, median_s, load
+    failed_runs: list[str] = field(default_factory=list)  # runs that failed once and were run again, and why
 
     @property
     def quiet(self) -> bool | None:
         return None if self.load_before is None else self.load_before[0] < QUIET_LOAD
+
+
+def _prober(model_path: Path, session: Session, seconds: float, log):
+    """``probe(moment) -> median seconds``: time ``speed_probe`` for the model's layer and record it."""
+    from calibration.microbench.probe import speed_probe
+    from simulator.model import load_model
+
+    m = load_model(str(model_path))
+
+    def probe(moment: str) -> float:
+        result = speed_probe(m.hidden_size, m.num_attention_heads, m.ffn_size, m.seq_length, seconds=seconds)
+        session.probes.append({"moment": moment, "time": time.strftime("%H:%M:%S", time.gmtime()),
+                               "load_average": load_average(), **result})
+        log(f"  speed probe ({moment}): {result['median_s'] * 1e3:.2f} ms")
+        return result["median_s"]
+
+    return probe
 
 
 def _layer_args(model_path: Path) -> list[str]:
@@ -130,8 +170,25 @@ def _calibrate(path: Path, raw: Path, *, quick: bool, budget_s: float | None, la
                        "when the machine is quiet")
 
 
-def _median_run(job, iterations: int, runs: int, record_path: Path, run_reference):
-    """Run ``job`` ``runs`` times and keep the run whose mean iteration is the median, written at ``record_path``.
+def _run_once_more_if_it_failed(run_one, log, failures: list[str] | None = None):
+    """A run that fails is tried once more: gloo on this machine now and then aborts a rank in native code
+    ('terminate called without an active exception') with nothing wrong in the plan; a second failure is an error."""
+    from simulator.errors import RunRecordError
+
+    try:
+        return run_one()
+    except RunRecordError as exc:
+        log(f"  the run failed ({exc}); running it once more")
+        if failures is not None:
+            failures.append(str(exc))
+        return run_one()
+
+
+def _median_run(job, iterations: int, runs: int, record_path: Path, run_reference, probe=None, log=print,
+                failures: list[str] | None = None):
+    """Run ``job`` ``runs`` times and keep the run whose mean iteration is the median, written at ``record_path``;
+    with ``probe``, the machine's speed is probed before every run and after the last, and the mean of the
+    probes around the kept run is returned with it.
 
     Two busy ranks on a virtual machine's two cores sometimes share one physical core for a whole run
     (the same plan took 558 and 842 ms per iteration in two runs a minute apart here); the median run
@@ -140,21 +197,27 @@ def _median_run(job, iterations: int, runs: int, record_path: Path, run_referenc
 
     from simulator.run_record import write_run_record
 
-    records = []
+    records, probes = [], []
     for i in range(runs):
-        records.append(run_reference(job, device="cpu", iterations=iterations,
-                                     out=record_path.with_name(f"{record_path.stem}.{i}.json")))
+        if probe is not None:
+            probes.append(probe(f"before run {i + 1} of {record_path.stem}"))
+        records.append(_run_once_more_if_it_failed(
+            lambda: run_reference(job, device="cpu", iterations=iterations,
+                                  out=record_path.with_name(f"{record_path.stem}.{i}.json")), log, failures))
+    if probe is not None:
+        probes.append(probe(f"after {record_path.stem}"))
     means = [statistics.fmean(r.timed_iteration_times_s) for r in records]
-    chosen = records[sorted(range(runs), key=lambda i: means[i])[(runs - 1) // 2]]
+    kept = sorted(range(runs), key=lambda i: means[i])[(runs - 1) // 2]
+    chosen = records[kept]
     for i in range(runs):
         for suffix in (".json", ".json.log"):
             record_path.with_name(f"{record_path.stem}.{i}{suffix}").unlink(missing_ok=True)
     write_run_record(chosen, record_path)
-    return chosen, means
+    return chosen, means, (statistics.fmean(probes[kept:kept + 2]) if probes else None)
 
 
 def run(out: Path, *, iterations: int, quick: bool, budget_s: float | None, attempts: int, plans: list[str],
-        model: Path = MODEL, log=print, runs: int = 3) -> Session:
+        model: Path = MODEL, log=print, runs: int = 3, probe_s: float = 2.0) -> Session:
     """Calibrate twice, run and validate every plan; write everything under ``out``."""
     from calibration.reference.launch import run_reference
     from simulator.cli.options import job_from_options
@@ -168,11 +231,14 @@ def run(out: Path, *, iterations: int, quick: bool, budget_s: float | None, atte
                       load_before=load_average())
     log(f"load average before starting: {session.load_before} on {session.cores} cores")
     layer_args = _layer_args(model)
+    probe = _prober(model, session, probe_s, log) if probe_s > 0 else None
     profiles = []
     for name in ("cpu-profile.json", "cpu-profile-repeat.json"):
         log(f"calibrating -> {out / name}")
+        before = probe(f"before {name}") if probe else None
         info = _calibrate(out / name, out / name.replace(".json", "-raw.json"), quick=quick, budget_s=budget_s,
                           layer_args=layer_args, attempts=attempts, log=log)
+        info["probe_s"] = (before + probe(f"after {name}")) / 2 if probe else None
         session.calibrations.append(info)
         profiles.append(load_profile(out / name))
     for label in plans:
@@ -180,11 +246,13 @@ def run(out: Path, *, iterations: int, quick: bool, budget_s: float | None, atte
                                attention_backend="unfused", **PLANS[label])
         record_path = out / f"run-{_slug(label)}.json"
         log(f"running {label} {runs} time(s) -> {record_path}")
-        record, means = _median_run(job, iterations, runs, record_path, run_reference)
+        record, means, run_probe_s = _median_run(job, iterations, runs, record_path, run_reference, probe, log,
+                                                 session.failed_runs)
         v = validate(record, str(out / "cpu-profile.json"), run=record_path.name)
         again = estimate(job, profiles[1]).iteration_time_s
         session.plans.append(PlanResult(label, record_path.name, v.model_dump(mode="json"), again,
-                                        record.timed_iteration_times_s, record.load_average, means))
+                                        record.timed_iteration_times_s, record.load_average, means,
+                                        run_probe_s, session.calibrations[0]["probe_s"]))
         log(f"  {label}: predicted {v.iteration_time_s.predicted * 1e3:.0f} ms, measured "
             f"{v.iteration_time_s.measured * 1e3:.0f} ms ({v.iteration_time_s.relative_error:+.1%}); {v.verdict}")
     session.load_after = load_average()
@@ -229,8 +297,11 @@ def _summary(session: Session) -> dict:
         "plans": [{"plan": p.label, "record": p.record, "predicted_s": p.predicted_s,
                    "predicted_by_repeat_profile_s": p.repeat_prediction_s, "measured_s": p.measured_s,
                    "iteration_times_s": p.iteration_times_s, "load_average": p.load_average,
-                   "run_means_s": p.run_means_s,
+                   "run_means_s": p.run_means_s, "probe_s": p.probe_s,
+                   "calibration_probe_s": p.calibration_probe_s, "machine_slowdown": p.machine_slowdown,
+                   "error_at_run_speed": p.error_at_run_speed,
                    "validation": p.validation} for p in session.plans],
+        "probes": session.probes, "failed_runs": session.failed_runs,
         "targets": [{"target": t, "worst": v, "limit": lim, "met": met} for t, v, lim, met in targets(session)],
         "relative_to_tp1": [{"plan": label, "measured": m, "predicted": pr} for label, m, pr in relative_to_tp1(session)],
     }
@@ -241,11 +312,42 @@ def _ms(x: float | None) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:+.1f}%"
+    if x is None:
+        return "-"
+    return f"{0.0 if abs(x) < 5e-4 else x * 100:+.1f}%"  # never "-0.0%"
 
 
 def _load(x) -> str:
     return "unknown" if not x else f"{x[0]:.2f}"
+
+
+def machine_speed_section(session: Session) -> list[str]:
+    """The speed probes, and each plan's error at the speed the machine had during its run."""
+    if not session.probes:
+        return []
+    base = session.calibrations[0].get("probe_s") if session.calibrations else None
+    lines = ["", "## The machine's speed", "",
+             "The same fixed work (one layer's forward kernels at the model's shapes, one thread, about 2 s of "
+             "repetitions) timed before and after each calibration and each run. Its time against the first "
+             "calibration's says how much slower or faster the machine ran at that moment; the last column of the "
+             "second table is each plan's error with that drift taken out: a diagnostic, not a target met. The "
+             "probe runs in one process, so it does not see two ranks contending for the two cores.", "",
+             "| moment | at (UTC) | probe | against the first calibration | load |", "|---|---|---|---|---|"]
+    for pr in session.probes:
+        against = f"{pr['median_s'] / base:.2f}x" if base else "-"
+        lines.append(f"| {pr['moment']} | {pr['time']} | {pr['median_s'] * 1e3:.2f} ms | {against} | "
+                     f"{_load(pr.get('load_average'))} |")
+    if len(session.calibrations) > 1 and base and session.calibrations[1].get("probe_s"):
+        second = session.calibrations[1]["probe_s"] / base
+        lines += ["", f"The second calibration ran with the machine at {second:.2f}x "
+                  "the first's probe time."]
+    lines += ["", "| plan | machine during the run, against the calibration | error | error at the run's speed |",
+              "|---|---|---|---|"]
+    for p in session.plans:
+        slow = p.machine_slowdown
+        lines.append(f"| {p.label} | {'-' if slow is None else f'{slow:.2f}x'} | "
+                     f"{_pct(p.validation['iteration_time_s']['relative_error'])} | {_pct(p.error_at_run_speed)} |")
+    return lines
 
 
 def render(session: Session, out: Path) -> str:
@@ -300,13 +402,13 @@ def render(session: Session, out: Path) -> str:
                      f"{_pct(p.validation['iteration_time_s']['relative_error'])} | "
                      f"{', '.join(_ms(m) for m in p.run_means_s) or '-'} | {_load(p.load_average)} | "
                      f"{p.validation['verdict']} |")
+    lines += machine_speed_section(session)
     relative = relative_to_tp1(session)
     if relative:
         lines += ["", "## Relative to TP 1", "",
-                  "Each plan's time over TP 1's, measured and predicted: a drift of the machine's speed between the "
-                  "calibration and the runs (this virtual machine's cores run 20-30% faster or slower from one "
-                  "stretch of minutes to the next) scales both plans alike and cancels here, what the model gets "
-                  "wrong about the plan does not.", "",
+                  "Each plan's time over TP 1's, measured and predicted: what the calibration gets wrong about this "
+                  "machine's kernels, and a drift of its speed between the calibration and the runs, scale both plans "
+                  "alike and cancel here; what the model gets wrong about the plan does not.", "",
                   "| plan | measured / TP 1 | predicted / TP 1 | error |", "|---|---|---|---|"]
         for label, measured, predicted in relative:
             lines.append(f"| {label} | {measured:.3f} | {predicted:.3f} | {_pct(predicted / measured - 1)} |")
@@ -336,6 +438,8 @@ def render(session: Session, out: Path) -> str:
             lines.append(f"- `{c['path']}`: {note}")
         for refusal in c["refusals"]:
             lines.append(f"- `{c['path']}` refused once: {refusal}")
+    for failure in session.failed_runs:
+        lines.append(f"- a run failed and was run again: {failure}")
     return "\n".join(lines) + "\n"
 
 
@@ -348,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attempts", type=int, default=3, help="Calibrations tried per profile before giving up.")
     parser.add_argument("--runs", type=int, default=3,
                         help="Runs per plan; the run with the median mean iteration is validated.")
+    parser.add_argument("--probe-s", type=float, default=2.0,
+                        help="Seconds of each speed probe around the calibrations and runs (0: no probes).")
     parser.add_argument("--plans", default=",".join(map(_slug, PLANS)),
                         help="Comma-separated subset of: " + ", ".join(map(_slug, PLANS)))
     args = parser.parse_args(argv)
@@ -357,14 +463,16 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [p.strip() for p in args.plans.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in by_slug]
     plans = [by_slug[p] for p in chosen if p in by_slug]
-    if unknown or not plans or args.iterations < 2 or args.attempts < 1 or args.runs < 1:
+    if unknown or not plans or args.iterations < 2 or args.attempts < 1 or args.runs < 1 or not args.probe_s >= 0:
         print(f"error: --plans {unknown or chosen} are not among {', '.join(by_slug)}" if unknown or not plans else
-              "error: --iterations must be at least 2 (one warm-up), --attempts and --runs at least 1",
+              "error: --iterations must be at least 2 (one warm-up), --attempts and --runs at least 1, --probe-s at "
+              "least 0",
               file=sys.stderr)
         return 2
     try:
         session = run(args.out, iterations=args.iterations, quick=args.quick, budget_s=args.budget_s,
-                      attempts=args.attempts, plans=plans, log=lambda m: print(m, flush=True), runs=args.runs)
+                      attempts=args.attempts, plans=plans, log=lambda m: print(m, flush=True), runs=args.runs,
+                      probe_s=args.probe_s)
     except SimulatorError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

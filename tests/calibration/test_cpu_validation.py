@@ -71,3 +71,76 @@ def test_each_plan_is_also_judged_relative_to_tp1(tmp_path: Path):
     rows = relative_to_tp1(s)
     assert len(rows) == len(PLANS) - 1 and all(m == pytest.approx(pr) for _, m, pr in rows)
     assert "## Relative to TP 1" in render(s, tmp_path)
+
+
+def test_the_machine_s_measured_drift_is_reported_beside_the_error(tmp_path: Path):
+    """Runs on a machine whose probe took 30% longer than at calibration, and took 30% longer themselves: the
+    raw error is -23%, the error at the run's speed zero; the targets still judge the raw error."""
+    s = _session(0.1, 0.0)
+    s.calibrations[0]["probe_s"] = 0.010
+    s.probes = [{"moment": "before cpu-profile.json", "time": "00:00:00", "median_s": 0.010, "load_average": None},
+                {"moment": "before run 1 of run-tp1", "time": "00:01:00", "median_s": 0.013, "load_average": None}]
+    for p in s.plans:
+        p.validation["iteration_time_s"]["measured"] *= 1.3
+        p.validation["iteration_time_s"]["relative_error"] = 1 / 1.3 - 1
+        p.probe_s, p.calibration_probe_s = 0.013, 0.010
+    assert all(p.machine_slowdown == pytest.approx(1.3) and p.error_at_run_speed == pytest.approx(0.0, abs=1e-12)
+               for p in s.plans)
+    assert not dict((w, ok) for w, _, _, ok in targets(s))["iteration time, predicted vs measured"]
+    text = render(s, tmp_path)
+    assert "## The machine's speed" in text and "| 1.30x |" in text and "1.30x | -23.1% | +0.0% |" in text
+
+
+def test_a_plan_without_probes_has_no_drift_figure():
+    p = _session(0.1, 0.0).plans[0]
+    assert p.machine_slowdown is None and p.error_at_run_speed is None
+
+
+def test_the_speed_probe_times_the_same_work_each_call():
+    torch = pytest.importorskip("torch")
+    from calibration.microbench.probe import layer_forward_kernels, speed_probe
+
+    run = layer_forward_kernels(hidden=32, heads=4, ffn=64, seq=16)
+    torch.manual_seed(0)
+    first = run()
+    torch.manual_seed(0)  # the dropout mask is the only random draw
+    assert torch.equal(first, run()) and first.shape == (16, 32)
+    result = speed_probe(32, 4, 64, 16, seconds=0.05)
+    assert result["median_s"] > 0 and result["repetitions"] >= 5
+
+
+def test_a_run_that_fails_once_is_run_again_and_said_so():
+    from calibration.cpu_validation import _run_once_more_if_it_failed
+    from simulator.errors import RunRecordError
+
+    calls, failures = [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RunRecordError("the reference run failed (torchrun exit code 1): terminate called")
+        return "record"
+
+    assert _run_once_more_if_it_failed(flaky, lambda m: None, failures) == "record"
+    assert len(calls) == 2 and failures == ["the reference run failed (torchrun exit code 1): terminate called"]
+
+    def broken():
+        raise RunRecordError("the plan is wrong")
+
+    with pytest.raises(RunRecordError):
+        _run_once_more_if_it_failed(broken, lambda m: None, [])
+
+
+def test_a_rank_that_dies_in_native_code_is_named_in_the_one_line():
+    from calibration.reference.launch import _first_error
+
+    output = ("terminate called without an active exception\nW1201 Sending process 9181 closing signal SIGTERM\n"
+              "Traceback (most recent call last):\n  File \"run.py\", line 1\n"
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+              "======================================================\n"
+              "  traceback : Signal 15 (SIGTERM) received by PID 9181\n"
+              "Root Cause (first observed failure):\n"
+              "  traceback : Signal 6 (SIGABRT) received by PID 9182\n"
+              "======================================================\n")
+    line = _first_error(output)
+    assert "terminate called" in line and "SIGABRT" in line and "=====" not in line
