@@ -331,7 +331,10 @@ def machine_speed_section(session: Session) -> list[str]:
              "repetitions) timed before and after each calibration and each run. Its time against the first "
              "calibration's says how much slower or faster the machine ran at that moment; the last column of the "
              "second table is each plan's error with that drift taken out: a diagnostic, not a target met. The "
-             "probe runs in one process, so it does not see two ranks contending for the two cores.", "",
+             "probe runs in one process, so it does not see two ranks contending for the two cores, and it brackets a run "
+             "without seeing inside it: on this virtual machine one kernel's speed switches between two levels within "
+             "half a second (the attention dropout's bernoulli_ at 3.7 or 5.8 ms in one process), so the column is a "
+             "bound on slow drift, not a correction.", "",
              "| moment | at (UTC) | probe | against the first calibration | load |", "|---|---|---|---|---|"]
     for pr in session.probes:
         against = f"{pr['median_s'] / base:.2f}x" if base else "-"
