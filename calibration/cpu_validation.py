@@ -18,8 +18,8 @@ average is recorded before, between and after the steps, and the README says how
 A virtual machine's speed also drifts with no load to show for it, so a fixed piece of work
 (``calibration.microbench.probe``: one layer's forward kernels at the model's shapes, one thread) is
 timed before and after every calibration and every run. Each plan's row then says how fast the
-machine was during its run against during the calibration, and what the error would be at the run's
-speed: a diagnostic that tells the machine's drift from the model's error, never a target met.
+machine was around its run against around the calibration, and what the error would be at that
+speed: a diagnostic that bounds slow drift (it cannot see a change inside a run), never a target met.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class PlanResult:
 
     @property
     def error_at_run_speed(self) -> float | None:
-        """(predicted x machine slowdown - measured) / measured: the error with the machine's drift taken out."""
+        """(predicted x machine slowdown - measured) / measured: the error with the probed (slow) drift taken out."""
         slow = self.machine_slowdown
         return None if slow is None else self.predicted_s * slow / self.measured_s - 1.0
 

@@ -429,13 +429,13 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None,
     # every rank of a CPU is its own node (one device per node), so the whole latency goes to the
     # inter-node steps: an all-reduce over 2 nodes takes 2 of them, and the intra-node part is 0
     ar_steps = 2 * (n - 1) if n > 2 else 2
+    ramped = LinkParams.model_construct(**link)  # the ramp only: the factors below are measured against it
 
     def link_time_s(kind: str, nbytes: float) -> float:
         """The time the cost model gives a collective of ``kind`` over the measured group (before any factor):
         on a CPU the latency per inter-node step times the kind's steps (n - 1 for all-gather and
         reduce-scatter), on a GPU node the whole collective's latency."""
         latency = p["latency_s"] / ar_steps * (ar_steps if kind == "all_reduce" else n - 1) if cpu else p["latency_s"]
-        ramped = LinkParams.model_construct(**link)
         return latency + algorithm_factor(kind, n) * nbytes / (ramp(ramped, nbytes) * min(best_busbw, cap) * 1e9)
 
     factors = _kind_factors({k: by[(k, mode)] for k in ("all_gather", "reduce_scatter")}, link_time_s)

@@ -116,15 +116,15 @@ class GraphBuilder:
 
 # Which microbenchmarked kernel an elementwise op behaves like, by its name (first match wins). On a
 # GPU they are all bandwidth-bound; on a CPU a dropout's random numbers or GeLU's tanh cost far more
-# than their bytes, so a profile may give each class its own achieved bandwidth.
-_KERNEL_CLASSES = (("residual_grad_add", "bias_add_residual"), ("bias_grad", "bias_add_residual"),
+# than their bytes, so a profile may give each class its own achieved bandwidth. The softmax's masked
+# fill is one pass over the scores with no reduction: a copy, not a softmax.
+_KERNEL_CLASSES = (("softmax.mask", "copy"), ("residual_grad_add", "bias_add_residual"),
+                   ("bias_grad", "bias_add_residual"),
                    ("norm", "layer_norm"), ("softmax", "softmax"), ("cross_entropy", "softmax"),
                    ("gelu", "gelu"), ("swiglu", "gelu"))
 
 
 def kernel_class(name: str) -> str:
-    if name.startswith("softmax.mask"):  # a masked fill in place: one pass over the scores, no reduction
-        return "copy"
     for key, kernel in _KERNEL_CLASSES:
         if key in name:
             return kernel

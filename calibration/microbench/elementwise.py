@@ -59,7 +59,7 @@ def time_elementwise(kernel: str, numel: int, hidden: int, dtype: torch.dtype, d
     # Enough copies that no repetition finds its operands in the last-level cache: a training step's
     # activations are not (its working set is the layers' saved tensors, weights, gradients and optimizer
     # state), and a virtual machine reports the host's whole cache while its share is smaller. With 8
-    # copies a CPU's softmax and scalar multiply of 2 MiB ran 1.2x and 1.7x faster than from memory,
+    # copies a CPU's softmax and scalar multiply of 2 MiB ran 1.2-1.5x and 1.7x faster than from memory,
     # and the reference loop's own kernels ran at the slower speed. The copies are clones of one random
     # pair (drawing each anew would take seconds per point); their values do not change a kernel's time.
     sets = rotation_count(2 * numel * esize, device, max_sets=max(16, warmup + repeats))
