@@ -143,3 +143,44 @@ def all_reduce_coalesced(tensors: list[torch.Tensor], group) -> None:
         t.copy_(flat[offset:offset + n].view(t.shape))
         offset += n
 
+
+
+# Megatron's default --clip-grad: the optimizer scales every gradient by max_norm / norm when the global
+# norm exceeds it
+CLIP_GRAD = 1.0
+
+
+def gradient_copies(param: nn.Parameter, groups, tied: bool = False) -> int:
+    """How many ranks of the world hold this gradient, identical after the reductions: a dense parameter's
+    on every rank of DP x CP (and of TP unless it is split over TP), an expert's on every rank of its
+    expert-data-parallel group (and of ETP unless split); ``tied``: the word embedding, also on the other
+    end of the pipeline."""
+    split = getattr(param, "partition_dim", None) is not None
+    if getattr(param, "expert_parallel", False):
+        copies = groups.edp_size * (1 if split else groups.etp_size)
+    else:
+        copies = groups.dp_size * groups.cp_size * (1 if split else groups.tp_size)
+    return copies * (2 if tied else 1)
+
+
+def clip_grad_norm_(params: list[nn.Parameter], groups, max_norm: float, device: torch.device,
+                    tied: set[int] = frozenset()) -> float:
+    """Megatron's ``clip_grad_norm_fp32`` on the reduced ``main_grad``: the L2 norm over every gradient of the
+    model, each counted once (a rank weighs its copies by 1 / ``gradient_copies``, one all-reduce over the
+    world sums them), then every gradient scaled by max_norm / norm when that is under 1. ``tied``: ids of
+    the word-embedding parameters held by both ends of the pipeline. Returns the norm."""
+    grads = [p.main_grad for p in params]
+    if grads:
+        norms = torch.stack(torch._foreach_norm(grads))
+        weights = torch.tensor([1.0 / gradient_copies(p, groups, id(p) in tied) for p in params],
+                               dtype=norms.dtype, device=device)
+        total = (norms.square() * weights).sum().reshape(1)
+    else:  # a pipeline stage without parameters still joins the sum
+        total = torch.zeros(1, dtype=torch.float32, device=device)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(total)
+    norm = total.item() ** 0.5
+    coefficient = max_norm / (norm + 1.0e-6)
+    if grads and coefficient < 1.0:
+        torch._foreach_mul_(grads, coefficient)
+    return norm

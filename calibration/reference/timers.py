@@ -8,7 +8,10 @@ over TP), ``embedding-grads-all-reduce`` (the tied word embedding between the fi
 stage), ``grads-all-reduce`` (data parallelism's buckets) and ``optimizer``.
 
 As Megatron's timers do, each start and stop synchronizes the device on CUDA, so a timer holds
-the device work issued inside it; on a CPU every op runs on the issuing thread anyway.
+the device work issued inside it; on a CPU every op runs on the issuing thread anyway. Megatron's
+level-1 timers (the gradient reductions and the optimizer) start after a barrier of every rank
+(``--barrier-with-L1-time``, its default): ``barrier=True`` does the same, so they hold the work
+and not the wait for the slowest rank, which stays in the iteration's time.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
 
 TIMER_NAMES = (
     "forward-compute", "backward-compute",
@@ -40,9 +44,11 @@ class Timers:
             torch.cuda.synchronize(self.device)
 
     @contextmanager
-    def __call__(self, name: str):
+    def __call__(self, name: str, barrier: bool = False):
         assert name in self._totals, f"unknown timer {name!r}"
         self._sync()
+        if barrier and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
         start = time.perf_counter()
         try:
             yield

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from calibration.reference.attention import context_parallel_positions
-from calibration.reference.grads import ChunkGradients, all_reduce_coalesced
+from calibration.reference.grads import CLIP_GRAD, ChunkGradients, all_reduce_coalesced, clip_grad_norm_
 from calibration.reference.launch import check_supported
 from calibration.reference.meter import Clock, LayerProbe
 from calibration.reference.model import (
@@ -58,15 +58,24 @@ def synthetic_batch(job: Job, iteration: int, seed: int) -> torch.Tensor:
 
 class MixedPrecisionAdam:
     """Adam on fp32 master copies of low-precision weights (plain Adam when the model is fp32), stepping on
-    the fp32 ``main_grad`` of each parameter (Megatron's ``Float16OptimizerWithFloat16Params``)."""
+    the fp32 ``main_grad`` of each parameter after clipping them by their global norm (Megatron's
+    ``Float16OptimizerWithFloat16Params``, or ``FP32Optimizer``, with ``--clip-grad 1.0``). The step is
+    torch's fused multi-tensor Adam, as Megatron's is apex's or Transformer Engine's, where the build has
+    it for the device."""
 
-    def __init__(self, params: list[torch.nn.Parameter], lr: float) -> None:
-        self.params = params
+    def __init__(self, params: list[torch.nn.Parameter], lr: float, groups: ParallelGroups, device: torch.device,
+                 tied: set[int] = frozenset()) -> None:
+        self.params, self.groups, self.device, self.tied = params, groups, device, tied
         self.fp32 = all(p.dtype == torch.float32 for p in params)
         self.master = params if self.fp32 else [p.detach().float().clone().requires_grad_(True) for p in params]
-        self.adam = torch.optim.Adam(self.master, lr=lr)
+        try:
+            self.adam = torch.optim.Adam(self.master, lr=lr, fused=True)
+        except (RuntimeError, ValueError):  # a build without the fused kernel for this device
+            self.adam = torch.optim.Adam(self.master, lr=lr)
+        self.grad_norm: float | None = None
 
     def step(self) -> None:
+        self.grad_norm = clip_grad_norm_(self.params, self.groups, CLIP_GRAD, self.device, self.tied)
         for p, m in zip(self.params, self.master):
             m.grad = p.main_grad  # a view of the fp32 buffer, no copy
         self.adam.step()
@@ -77,34 +86,43 @@ class MixedPrecisionAdam:
                 m.grad = None
 
 
+def tied_word_embeddings(chunks: list[GPTChunk]) -> list[torch.nn.Parameter]:
+    """This rank's copies of the word embedding that the first and last stage share (none with one stage:
+    the output layer then uses the embedding's own weight)."""
+    return [c.embedding.word.weight if c.embedding is not None else c.output_word.weight
+            for c in chunks if c.embedding is not None or (c.post_process and c.output_word is not None)]
+
+
 def finish_gradients(chunks: list[GPTChunk], grads: list[ChunkGradients], groups: ParallelGroups,
-                     timers: Timers) -> None:
+                     timers: Timers, job: Job) -> None:
     """The reductions after the last backward, in Megatron's order (``finalize_model_grads``): the data-parallel
     (and expert-data-parallel) buckets, sequence parallelism's replicated parameters over TP, the experts' fc2
-    biases over ETP, the tied embedding between the stages."""
-    with timers("grads-all-reduce"):
+    biases over ETP, the tied embedding between the stages. Each timer starts after a barrier of every rank
+    (Megatron's ``--barrier-with-L1-time``, on by default), so it holds the reduction and not the wait for
+    the slowest rank; a timer is entered on every rank whenever the job has its reduction at all."""
+    with timers("grads-all-reduce", barrier=True):
         for buffer in grads:
             buffer.reduce()
     params = [p for c in chunks for p in c.parameters()]
-    sequence_parallel = [p.main_grad for p in params if getattr(p, "sequence_parallel", False)]
-    if sequence_parallel and groups.tp_size > 1:
-        with timers("layernorm-grads-all-reduce"):
-            all_reduce_coalesced(sequence_parallel, groups.tp)
-    expert_partial = [p.main_grad for p in params if getattr(p, "expert_tensor_parallel_partial", False)]
-    if expert_partial:
-        with timers("layernorm-grads-all-reduce"):
-            all_reduce_coalesced(expert_partial, groups.etp)
-    if groups.embedding is not None:
-        words = [c.embedding.word.weight if c.embedding is not None else c.output_word.weight
-                 for c in chunks if c.embedding is not None or (c.post_process and c.output_word is not None)]
-        with timers("embedding-grads-all-reduce"):
-            for word in words:
-                all_reduce(word.main_grad, groups.embedding)
+    plan = job.plan
+    if (plan.sequence_parallel and plan.tensor_parallel_size > 1) or groups.etp_size > 1:
+        with timers("layernorm-grads-all-reduce", barrier=True):
+            sequence_parallel = [p.main_grad for p in params if getattr(p, "sequence_parallel", False)]
+            if sequence_parallel and groups.tp_size > 1:
+                all_reduce_coalesced(sequence_parallel, groups.tp)
+            expert_partial = [p.main_grad for p in params if getattr(p, "expert_tensor_parallel_partial", False)]
+            if expert_partial:
+                all_reduce_coalesced(expert_partial, groups.etp)
+    if plan.pipeline_parallel_size > 1 and not job.model.untie_embeddings_and_output_weights:
+        with timers("embedding-grads-all-reduce", barrier=True):
+            if groups.embedding is not None:
+                for word in tied_word_embeddings(chunks):
+                    all_reduce(word.main_grad, groups.embedding)
 
 
-def dump_gradients(chunks: list[GPTChunk], groups: ParallelGroups, directory: Path) -> None:
+def dump_gradients(chunks: list[GPTChunk], groups: ParallelGroups, directory: Path, grad_norm: float) -> None:
     """Each rank's gradient shards by global name (with the slice of the full tensor each is), for tests that
-    reassemble and compare them; for MoE layers, the copies this rank's experts took in the metered micro-batch
+    reassemble and compare them, and the global norm the optimizer clips by; for MoE layers, the copies this rank's experts took in the metered micro-batch
     and the smallest gap between a chosen and an unchosen router logit over the run."""
     directory.mkdir(parents=True, exist_ok=True)
     grads = {p.global_name: (p.main_grad.detach().float().cpu().clone(), p.partition_dim,
@@ -113,6 +131,7 @@ def dump_gradients(chunks: list[GPTChunk], groups: ParallelGroups, directory: Pa
     moe = [layer for c in chunks for layer in c.layers if layer.moe is not None]
     torch.save({"tp_rank": groups.tp_rank, "tp_size": groups.tp_size, "dp_rank": groups.dp_rank,
                 "cp_rank": groups.cp_rank, "ep_rank": groups.ep_rank, "etp_rank": groups.etp_rank, "grads": grads,
+                "grad_norm": grad_norm,
                 "expert_tokens": {layer.index: layer.moe.first_expert_tokens for layer in moe},
                 "router_margin": min((layer.moe.smallest_margin for layer in moe), default=None)},
                directory / f"rank{groups.rank}.pt")
@@ -159,7 +178,9 @@ def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
                             dp_size=plan.gradient_group_size, expert_dp_size=groups.edp_size,
                             bucket_params=plan.ddp_bucket_size, overlap=plan.overlap_grad_reduce, device=device)
              for c in chunks]
-    optimizer = MixedPrecisionAdam([q for c in chunks for q in c.parameters()], lr)
+    tied = ({id(w) for w in tied_word_embeddings(chunks)}
+            if p > 1 and not model.untie_embeddings_and_output_weights else set())
+    optimizer = MixedPrecisionAdam([q for c in chunks for q in c.parameters()], lr, groups, device, tied)
     m = plan.num_micro_batches
     schedule = build_schedule(p, m, v, schedule_kind(plan))
     s_local = model.seq_length // plan.context_parallel_size  # this rank's two chunks of each sequence
@@ -190,10 +211,11 @@ def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
                             num_micro_batches=m, activation_shape=activation_shape, dtype=dtype, device=device,
                             probe=probe if measures else None, measure_first_micro_batch=it == 0, timers=timers,
                             grads=grads)
-        finish_gradients(chunks, grads, groups, timers)
+        finish_gradients(chunks, grads, groups, timers, job)
         if dump_dir is not None and it == iterations - 1:
-            dump_gradients(chunks, groups, dump_dir)
-        with timers("optimizer"):
+            norm = clip_grad_norm_(optimizer.params, groups, float("inf"), device, tied)  # measures, clips nothing
+            dump_gradients(chunks, groups, dump_dir, norm)
+        with timers("optimizer", barrier=True):
             optimizer.step()
             for buffer in grads:
                 buffer.zero()

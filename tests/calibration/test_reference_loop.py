@@ -182,6 +182,23 @@ def test_parallel_layouts_reproduce_the_single_process_losses_and_gradients(runs
         assert (got[name] - grad).abs().max().item() <= TOLERANCE, name
 
 
+@pytest.mark.parametrize("layout", [name for name in LAYOUTS if name not in SINGLE])
+def test_every_rank_clips_by_the_norm_of_the_whole_models_gradients(runs, layout):
+    """Megatron's gradient clipping: each rank counts the copies it holds once (replicated over DP x CP, over TP
+    when not split, over EDP for experts, the tied embedding on both ends of the pipeline) and one all-reduce
+    gives every rank the norm of the single-process model's gradients."""
+    single_dir = single_process_run(runs, layout)[1]
+    expected = sum(g.double().square().sum().item() for g in full_gradients(single_dir).values()) ** 0.5
+    norms = [dump["grad_norm"] for dump in rank_dumps(runs[layout][1])]
+    assert norms and all(abs(n - expected) <= 1e-5 * expected for n in norms), (norms, expected)
+
+
+def test_the_test_models_gradients_are_clipped(runs):
+    """The losses above are compared after clipped steps: the tiny models' gradients exceed Megatron's --clip-grad."""
+    from calibration.reference.grads import CLIP_GRAD
+    assert all(rank_dumps(runs[name][1])[0]["grad_norm"] > CLIP_GRAD for name in SINGLE)
+
+
 @pytest.mark.parametrize("layout", ["tp1", "tp2", "tp2-sp", "cp2"])
 def test_recompute_does_not_change_the_math(runs, layout):
     none = runs[f"{layout}-none"][0].losses
