@@ -19,7 +19,7 @@ from simulator.engine import EngineResult, PipelineWork, StageWork, simulate
 from simulator.layers import CollectiveKind, CollectiveOp, Op, OpKind, Stream
 from simulator.layout import RankLayout
 from simulator.memory import MemoryPlan, memory_plan, stage_expert_parameters, stage_parameters
-from simulator.plan import DataParallelSharding, Job, RecomputeGranularity, RecomputeMethod
+from simulator.plan import DataParallelSharding, Job, Precision, RecomputeGranularity, RecomputeMethod
 from simulator.schedules import build_schedule
 from simulator.stage_work import (
     OptimizerStep,
@@ -43,7 +43,14 @@ SECONDS_PER_DAY = 86400.0
 # with apex's multi-tensor kernels): global gradient norm (read fp32 grad, 4); clipping (read and
 # write the grad, 8); Adam (read master, grad, m, v and write master, m, v: 28); copy master to the
 # bf16 model weights (read 4, write 2); zeroing the fp32 main_grad buffer for the next step (4).
-OPTIMIZER_BYTES_PER_PARAM = 4 + 8 + 28 + 6 + 4
+MASTER_COPY_BYTES_PER_PARAM = 4 + 2
+OPTIMIZER_BYTES_PER_PARAM = 4 + 8 + 28 + MASTER_COPY_BYTES_PER_PARAM + 4
+
+
+def optimizer_bytes_per_param(precision: Precision) -> int:
+    """The step's bytes per parameter; with fp32 weights (Megatron's ``FP32Optimizer``, the reference loop on
+    a CPU) Adam updates the weights themselves and there is no master copy to write back."""
+    return OPTIMIZER_BYTES_PER_PARAM - (MASTER_COPY_BYTES_PER_PARAM if precision is Precision.fp32 else 0)
 
 
 class Breakdown(BaseModel):
@@ -268,7 +275,7 @@ def _optimizer_step(cost, job: Job, params: int, expert_params: int = 0) -> Opti
     dense = params - expert_params
     shard = (dense / plan.gradient_group_size + expert_params / plan.expert_data_parallel_size
              if plan.shards_optimizer else params)
-    step = cost.op_time_s(Op("optimizer", OpKind.elementwise, bytes_moved=shard * OPTIMIZER_BYTES_PER_PARAM))
+    step = cost.op_time_s(Op("optimizer", OpKind.elementwise, bytes_moved=shard * optimizer_bytes_per_param(plan.precision)))
     bucket, n = None, 1
     if plan.shards_optimizer and plan.sharding is not DataParallelSharding.optim_grads_params:
         n = grad_buckets(job, params) if plan.overlap_param_gather else 1

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 from simulator._io import write_output
 from simulator.describe import layout, settings_json
 from simulator.engine import Interval, _consumer
-from simulator.estimate import OPTIMIZER_BYTES_PER_PARAM, Simulation
+from simulator.estimate import Simulation, optimizer_bytes_per_param
 from simulator.layers import CollectiveKind, Op, Stream, embedding_extras, output_extras, transformer_layer
 from simulator.memory import chunk_activations, stage_memory, stage_parameters
 from simulator.plan import Job, RecomputeGranularity, RecomputeMethod
@@ -260,7 +260,7 @@ def trace_events(sim: Simulation, job: Job, detail: Iterable[int] = (0,)) -> lis
                 params = stage_parameters(job, stage)
                 shard = params / plan.data_parallel_size if plan.use_distributed_optimizer else params
                 w.slice(stage, "compute", iv.name, start, end, "optimizer",
-                        {"parameters": params, "bytes": shard * OPTIMIZER_BYTES_PER_PARAM})
+                        {"parameters": params, "bytes": shard * optimizer_bytes_per_param(plan.precision)})
                 continue
             step = iv.step
             chunk_bytes = saved[stage][step.chunk] + (emb_saved if (stage, step.chunk) == (0, 0) else 0) \

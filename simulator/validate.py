@@ -159,23 +159,21 @@ def _time_predictions(job: Job, record: RunRecord, profile: Any) -> tuple[_Predi
     embedding_bytes = job.model.vocab_size * job.model.hidden_size // t * plan.grad_bytes
     phases = []
     stages = sim.engine.stages
-    # the first and last stages' embedding all-reduce is also where the earlier of the two waits for the other
-    # (the reference loop, like Megatron without gradient clipping, has no other sync before its optimizer)
-    tied_ready = max(stages[0].grads_ready_s, stages[-1].grads_ready_s)
+    # each reduction's timer starts after a barrier of every rank (Megatron's --barrier-with-L1-time), so the
+    # earlier stage's wait for the later one is in no phase: it is in the iteration's time only
     for s, (sw, r) in enumerate(zip(work.stages, stages)):
         layernorm = cost.collective_time_s(CollectiveKind.all_reduce, sequence_parallel_grad_bytes(job, s),
                                            Group(size=t, stride=1))
-        embedding = wait_for_peer = 0.0
+        embedding = 0.0
         if tied and s in (0, p - 1):
             embedding = cost.collective_time_s(CollectiveKind.all_reduce, embedding_bytes,
                                                Group(size=2, stride=t * plan.data_parallel_size * (p - 1)))
-            wait_for_peer = tied_ready - r.grads_ready_s
         after_backward = r.grads_ready_s - r.last_backward_end_s
         phases.append({
             "forward-compute": m * sum(sw.forward_s), "backward-compute": m * sum(sw.backward_s),
             "pipeline send/recv": r.wait_s,
             "grads-all-reduce": max(after_backward - layernorm - embedding, 0.0),
-            "layernorm-grads-all-reduce": layernorm, "embedding-grads-all-reduce": embedding + wait_for_peer,
+            "layernorm-grads-all-reduce": layernorm, "embedding-grads-all-reduce": embedding,
             "optimizer": r.optimizer_s,
         })
     per_layer = {}
