@@ -89,3 +89,20 @@ def test_fused_attention_with_attention_dropout_exits_2_before_starting_processe
     assert result.exit_code == 2
     assert "does not implement attention_dropout=0.1 with the fused 'flash' attention backend" in result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "r.json").exists()
+
+
+def test_cpu_ranks_keep_freed_memory_as_a_caching_allocator_does(tmp_path, monkeypatch):
+    """On a CPU the launcher tells glibc to keep freed blocks (no fresh, page-faulting mapping per activation);
+    a user's own setting wins, and a GPU run's environment is left alone."""
+    from types import SimpleNamespace
+
+    seen = []
+    monkeypatch.setattr(launch.children, "run",
+                        lambda cmd, env, timeout: seen.append(env) or SimpleNamespace(returncode=0, stdout="", stderr=""))
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "123")
+    launch.launch(1, [], tmp_path / "log", device="cpu")
+    launch.launch(1, [], tmp_path / "log", device="cuda")
+    cpu, gpu = seen
+    assert cpu["MALLOC_MMAP_THRESHOLD_"] == launch.CPU_ALLOCATOR_ENV["MALLOC_MMAP_THRESHOLD_"]
+    assert cpu["MALLOC_TRIM_THRESHOLD_"] == gpu["MALLOC_TRIM_THRESHOLD_"] == "123"
+    assert "MALLOC_MMAP_THRESHOLD_" not in gpu
