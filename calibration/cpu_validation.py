@@ -4,8 +4,9 @@
 
 One command does everything: it calibrates the CPU twice in a row (`simulator calibrate --device
 cpu` for the reference model's shapes), runs the reference loop on six plans (TP 1, TP 2, TP 2 +
-SP with selective recompute, TP 2 with full recompute, PP 2, DP 2) three times each (``--runs``;
-the run with the median mean iteration is the measurement), validates each run against
+SP with selective recompute, TP 2 with full recompute, PP 2, DP 2) three times each, in rounds of one
+run per plan so that every plan samples the same drift of the machine (``--runs``; the run with the
+median mean iteration is the measurement), validates each run against
 the first profile and predicts it again with the second, and writes the two profiles, the run
 records, ``summary.json`` and a README.md with the tables and the issue's targets (the two
 profiles' predictions within 10% of each other, each plan's iteration time within 20% of the
@@ -184,36 +185,50 @@ def _run_once_more_if_it_failed(run_one, log, failures: list[str] | None = None)
         return run_one()
 
 
-def _median_run(job, iterations: int, runs: int, record_path: Path, run_reference, probe=None, log=print,
-                failures: list[str] | None = None):
-    """Run ``job`` ``runs`` times and keep the run whose mean iteration is the median, written at ``record_path``;
-    with ``probe``, the machine's speed is probed before every run and after the last, and the mean of the
-    probes around the kept run is returned with it.
+def _median_runs(jobs: dict[str, tuple], iterations: int, runs: int, run_reference, probe=None, log=print,
+                 failures: list[str] | None = None) -> dict[str, tuple]:
+    """Run every plan ``runs`` times, in rounds (each round runs every plan once, in order), and keep for each
+    plan the run whose mean iteration is the median, written at its record path. ``jobs``: label -> (job,
+    record path). Returns label -> (record, every run's mean, the mean of the probes around the kept run).
 
-    Two busy ranks on a virtual machine's two cores sometimes share one physical core for a whole run
-    (the same plan took 558 and 842 ms per iteration in two runs a minute apart here); the median run
-    is the machine's typical behaviour, and every run's mean is reported beside it."""
+    The machine's speed drifts from minute to minute (the same plan took 558 and 842 ms per iteration in two
+    runs a minute apart here); in rounds every plan samples the same stretch of it, where one plan after the
+    other would give the last plans the drift of the last minutes. With ``probe``, the speed is probed before
+    every run and after the last."""
     import statistics
 
     from simulator.run_record import write_run_record
 
-    records, probes = [], []
+    records = {label: [] for label in jobs}
+    around = {label: [] for label in jobs}  # the probe before each run, and the next one after it
+    pending = None  # the label of the run whose "after" probe is the next one taken
     for i in range(runs):
-        if probe is not None:
-            probes.append(probe(f"before run {i + 1} of {record_path.stem}"))
-        records.append(_run_once_more_if_it_failed(
-            lambda: run_reference(job, device="cpu", iterations=iterations,
-                                  out=record_path.with_name(f"{record_path.stem}.{i}.json")), log, failures))
-    if probe is not None:
-        probes.append(probe(f"after {record_path.stem}"))
-    means = [statistics.fmean(r.timed_iteration_times_s) for r in records]
-    kept = sorted(range(runs), key=lambda i: means[i])[(runs - 1) // 2]
-    chosen = records[kept]
-    for i in range(runs):
-        for suffix in (".json", ".json.log"):
-            record_path.with_name(f"{record_path.stem}.{i}{suffix}").unlink(missing_ok=True)
-    write_run_record(chosen, record_path)
-    return chosen, means, (statistics.fmean(probes[kept:kept + 2]) if probes else None)
+        log(f"round {i + 1} of {runs}")
+        for label, (job, record_path) in jobs.items():
+            if probe is not None:
+                value = probe(f"before run {i + 1} of {record_path.stem}")
+                if pending is not None:
+                    around[pending][-1].append(value)
+                around[label].append([value])
+                pending = label
+            path = record_path.with_name(f"{record_path.stem}.{i}.json")
+            log(f"  {label} -> {path.name}")
+            records[label].append(_run_once_more_if_it_failed(
+                lambda job=job, path=path: run_reference(job, device="cpu", iterations=iterations, out=path),
+                log, failures))
+    if probe is not None and pending is not None:
+        around[pending][-1].append(probe("after the last run"))
+    kept_runs = {}
+    for label, (job, record_path) in jobs.items():
+        means = [statistics.fmean(r.timed_iteration_times_s) for r in records[label]]
+        kept = sorted(range(runs), key=lambda i: means[i])[(runs - 1) // 2]
+        for i in range(runs):
+            for suffix in (".json", ".json.log"):
+                record_path.with_name(f"{record_path.stem}.{i}{suffix}").unlink(missing_ok=True)
+        write_run_record(records[label][kept], record_path)
+        kept_runs[label] = (records[label][kept], means,
+                            statistics.fmean(around[label][kept]) if around[label] else None)
+    return kept_runs
 
 
 def run(out: Path, *, iterations: int, quick: bool, budget_s: float | None, attempts: int, plans: list[str],
@@ -241,13 +256,13 @@ def run(out: Path, *, iterations: int, quick: bool, budget_s: float | None, atte
         info["probe_s"] = (before + probe(f"after {name}")) / 2 if probe else None
         session.calibrations.append(info)
         profiles.append(load_profile(out / name))
-    for label in plans:
-        job = job_from_options(model=str(model), cluster="local-cpu", precision="fp32", allow_tp_across_nodes=True,
-                               attention_backend="unfused", **PLANS[label])
-        record_path = out / f"run-{_slug(label)}.json"
-        log(f"running {label} {runs} time(s) -> {record_path}")
-        record, means, run_probe_s = _median_run(job, iterations, runs, record_path, run_reference, probe, log,
-                                                 session.failed_runs)
+    jobs = {label: (job_from_options(model=str(model), cluster="local-cpu", precision="fp32",
+                                     allow_tp_across_nodes=True, attention_backend="unfused", **PLANS[label]),
+                    out / f"run-{_slug(label)}.json") for label in plans}
+    log(f"running {len(jobs)} plan(s) {runs} time(s) each, in rounds")
+    kept = _median_runs(jobs, iterations, runs, run_reference, probe, log, session.failed_runs)
+    for label, (job, record_path) in jobs.items():
+        record, means, run_probe_s = kept[label]
         v = validate(record, str(out / "cpu-profile.json"), run=record_path.name)
         again = estimate(job, profiles[1]).iteration_time_s
         session.plans.append(PlanResult(label, record_path.name, v.model_dump(mode="json"), again,

@@ -144,3 +144,30 @@ def test_a_rank_that_dies_in_native_code_is_named_in_the_one_line():
               "======================================================\n")
     line = _first_error(output)
     assert "terminate called" in line and "SIGABRT" in line and "=====" not in line
+
+
+def test_plans_run_in_rounds_and_each_keeps_its_median_run(tmp_path: Path, monkeypatch):
+    """Every round runs every plan once, so drift over the session falls on all plans alike; each plan keeps
+    the run of median mean iteration, and the probes taken just before and just after that run."""
+    from types import SimpleNamespace
+
+    import simulator.run_record
+    from calibration.cpu_validation import _median_runs
+
+    order, written = [], {}
+    times = {"a": [0.3, 0.1, 0.2], "b": [0.5, 0.6, 0.4]}
+
+    def run_reference(job, *, device, iterations, out):
+        order.append(job)
+        return SimpleNamespace(timed_iteration_times_s=[times[job][sum(1 for j in order if j == job) - 1]])
+
+    monkeypatch.setattr(simulator.run_record, "write_run_record", lambda r, p: written.__setitem__(p.name, r))
+    probes = iter(range(1, 100))
+    kept = _median_runs({"a": ("a", tmp_path / "run-a.json"), "b": ("b", tmp_path / "run-b.json")}, 3, 3,
+                        run_reference, probe=lambda moment: float(next(probes)), log=lambda m: None)
+    assert order == ["a", "b"] * 3
+    assert kept["a"][1] == [0.3, 0.1, 0.2] and kept["a"][0].timed_iteration_times_s == [0.2]
+    assert kept["b"][0].timed_iteration_times_s == [0.5] and written["run-b.json"] is kept["b"][0]
+    # probes 1..6 precede the six runs, 7 follows the last: a's median is its third run (probes 5, 6),
+    # b's its first (probes 2, 3)
+    assert kept["a"][2] == 5.5 and kept["b"][2] == 2.5
