@@ -11,6 +11,7 @@ every section, so a run cut short still leaves what it measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -153,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="CPU threads (cpu: 1 by default, one core standing for one device, as a rank of the reference loop gets)")
     p.add_argument("--world-size", type=int, default=None, help="collective ranks: GPUs on cuda, 2 on cpu")
     p.add_argument("--collective-modes", default="isolated,in_loop",
-                   help="isolated (each call alone), in_loop (right after the layer's MLP GEMMs, as the step issues them; the mean call)")
+                   help="isolated (each call alone), in_loop (right after a TP rank's attention or MLP block of the layer, as the step issues them; the mean call)")
     return p.parse_args(argv)
 
 
@@ -165,6 +166,14 @@ def _layer(args: argparse.Namespace) -> LayerDims:
         micro_batch_size=args.micro_batch or d["micro_batch"], tensor_parallel_size=args.tp or d["tp"],
         num_query_groups=args.num_query_groups, swiglu=args.swiglu,
     )
+
+
+def _group_layer(layer: LayerDims, world: int) -> LayerDims:
+    """The layer as one rank of a tensor-parallel group of ``world`` ranks holds it (the layer itself when
+    ``world`` does not split its heads and FFN, or is its own TP size already)."""
+    if world < 2 or layer.num_attention_heads % world or layer.ffn_hidden_size % world:
+        return layer
+    return dataclasses.replace(layer, tensor_parallel_size=world)
 
 
 def measure(args: argparse.Namespace, log=print) -> dict:
@@ -186,6 +195,9 @@ def measure(args: argparse.Namespace, log=print) -> dict:
     if not modes or any(m not in ("isolated", "in_loop") for m in modes):
         raise SystemExit(f"--collective-modes {args.collective_modes!r}: use isolated, in_loop or both")
     layer = _layer(args)
+    world = args.world_size or (torch.cuda.device_count() if gpu else 2)
+    # between two of its collectives a rank of a TP group of ``world`` runs its shard of the layer
+    group_layer = _group_layer(layer, world)
     total_s = args.budget_s or DEFAULT_BUDGET_S[(args.device, args.quick)]
     warmup, repeats = (3, 10) if args.quick else (5, 20)
     if not gpu:
@@ -196,7 +208,8 @@ def measure(args: argparse.Namespace, log=print) -> dict:
         "device": describe_device(device, dtype_name),
         "settings": {"quick": args.quick, "budget_s": total_s, "warmup": warmup, "repeats": repeats,
                      "threads": threads, "collective_modes": list(modes),
-                     "layer": {k: getattr(layer, k) for k in layer.__dataclass_fields__}},
+                     "layer": {k: getattr(layer, k) for k in layer.__dataclass_fields__},
+                     "in_loop_layer": {k: getattr(group_layer, k) for k in group_layer.__dataclass_fields__}},
         "gemm": [], "attention": [], "elementwise": [], "collectives": [], "host": [], "sections": {},
     }
     log(f"measuring {raw['device']['name']} ({args.device}, {dtype_name}), torch {torch.__version__}, "
@@ -212,7 +225,8 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                 info["status"] = "skipped"
                 info["error"] = "no time left in the budget"
             elif section == "gemm":
-                shapes = unique_gemms(layer_gemms(layer) + grid_gemms(args.quick, args.device))
+                in_loop = layer_gemms(group_layer) if "collectives" in sections and "in_loop" in modes else []
+                shapes = unique_gemms(layer_gemms(layer) + in_loop + grid_gemms(args.quick, args.device))
                 raw["gemm"] = run_gemms(shapes, dtype, device, budget, warmup=warmup, repeats=repeats,
                                         held_out=held_out_keys(shapes))
             elif section == "attention":
@@ -226,19 +240,20 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                 raw["elementwise"] = run_elementwise(elementwise_sizes(args.quick, args.device, own), layer.hidden_size,
                                                      dtype, device, budget, warmup=warmup, repeats=repeats)
             elif section == "collectives":
-                world = args.world_size or (torch.cuda.device_count() if gpu else 2)
                 if world < 2:
                     info["status"] = "skipped"
                     info["error"] = (f"{world} GPU(s): NCCL needs one GPU per rank, so collectives need at least 2; "
                                      "take collective figures from a multi-GPU run or a published profile")
                 else:
-                    # between two of its collectives a layer runs its MLP (or its attention): two GEMMs
-                    mlp = [g for g in layer_gemms(layer) if g.name in ("fc1", "fc2")]
+                    mlp = [g for g in layer_gemms(group_layer) if g.name in ("fc1", "fc2")]
+                    block = {"seq": group_layer.seq_length, "micro_batch": group_layer.micro_batch_size,
+                             "hidden": group_layer.hidden_size, "local_heads": group_layer.local_heads,
+                             "head_dim": group_layer.head_dim, "dropout": 0.1}
                     res = run_collectives(backend="nccl" if gpu else "gloo", world_size=world,
                                           sizes=collective_sizes(args.quick, args.device),
                                           dtype=dtype, warmup=warmup, repeats=repeats, budget_s=budget.seconds,
                                           modes=modes, compute_shapes=tuple((g.m, g.n, g.k) for g in mlp),
-                                          threads=threads)
+                                          threads=threads, block=block)
                     raw["collectives"] = res["points"]
                     if res.get("host"):
                         raw["collective_host"] = res["host"]

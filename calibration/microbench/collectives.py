@@ -69,6 +69,42 @@ def _op(kind: str, n: int, rank: int, numel: int, dtype: torch.dtype, device: to
     raise ValueError(f"unknown collective {kind!r}; use one of {', '.join(KINDS)}")
 
 
+def _layer_blocks(block: dict, gemms: list, dtype: torch.dtype, device: torch.device, gen: torch.Generator):
+    """The two stretches of one layer's forward that a tensor-parallel rank runs between its collectives, as
+    closures taking ``mark`` (called around the MLP block's first GEMM, ``gemms[0]``): the MLP's dropout-add,
+    the next layer's norm and unfused attention up to its output projection; the attention's dropout-add, the
+    norm, fc1, GeLU and fc2. ``block``: tokens' seq and micro_batch, hidden, local_heads, head_dim, dropout."""
+    s, b, h = block["seq"], block["micro_batch"], block["hidden"]
+    a, d, p = block["local_heads"], block["head_dim"], block["dropout"]
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
+
+    x, residual = rand(s * b, h), rand(s * b, h)
+    w_qkv, w_proj = rand(h, 3 * a * d), rand(a * d, h)
+    causal = torch.ones((s, s), dtype=torch.bool, device=device).triu(1)
+    (fc1_a, fc1_b, fc1_c), fc2 = gemms[0], gemms[1:]
+
+    def attention(mark) -> None:
+        y = torch.nn.functional.layer_norm(residual + torch.native_dropout(x, p, True)[0], (h,))
+        q, k, v = (y @ w_qkv).view(s, b * a, 3 * d).transpose(0, 1).split(d, dim=-1)
+        scores = torch.baddbmm(torch.empty(b * a, s, s, dtype=dtype, device=device), q, k.transpose(1, 2),
+                               beta=0.0, alpha=d ** -0.5)
+        probs = torch.native_dropout(torch.softmax(scores.masked_fill_(causal, -10000.0), dim=-1), p, True)[0]
+        torch.bmm(probs, v).transpose(0, 1).reshape(s * b, a * d) @ w_proj
+
+    def mlp(mark) -> None:
+        y = torch.nn.functional.layer_norm(residual + torch.native_dropout(x, p, True)[0], (h,))
+        mark()
+        torch.mm(y if y.shape == fc1_a.shape else fc1_a, fc1_b, out=fc1_c)
+        mark()
+        out = torch.nn.functional.gelu(fc1_c, approximate="tanh")
+        for a_, b_, c_ in fc2:
+            torch.mm(out if out.shape == a_.shape else a_, b_, out=c_)
+
+    return attention, mlp
+
+
 NOISY_SPREAD = 0.5  # (max - min) / median past which a point is measured again, as the other benchmarks do
 MAX_TRIES = 3
 MODES = ("isolated", "in_loop")
@@ -83,7 +119,8 @@ def _spread(samples: list[float]) -> float:
 
 def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[str], sizes: list[int],
             dtype_name: str, warmup: int, repeats: int, deadline: float, modes: list[str] = ("isolated",),
-            compute_shapes: tuple[tuple[int, int, int], ...] = ((256, 1024, 256),), threads: int = 1) -> None:
+            compute_shapes: tuple[tuple[int, int, int], ...] = ((256, 1024, 256),), threads: int = 1,
+            block: dict | None = None) -> None:
     torch.set_num_threads(threads)  # the ranks share the machine's cores, one thread each as the loop's ranks
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -100,6 +137,7 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
     gemms = [(torch.randn(rows, inner, generator=gen, device=device).to(dtype),
               torch.randn(inner, cols, generator=gen, device=device).to(dtype),
               torch.empty(rows, cols, dtype=dtype, device=device)) for rows, cols, inner in compute_shapes]
+    blocks = _layer_blocks(block, gemms, dtype, device, gen) if block else None
 
     def sync() -> None:
         dist.all_reduce(sync_buf)
@@ -120,44 +158,58 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
         return samples.tolist()
 
     def in_loop(run) -> list[float]:
-        """As the training step issues it: right after the layer's GEMMs, no barrier. The time from the
-        call to its return holds the wait for the other ranks' GEMMs and for the waiting rank to be
-        woken; the mean over ranks is what the collective adds to a step beside the mean compute time.
-        ``compute`` is the first GEMM's time beside the other ranks'. A mean over a tail needs more
-        samples than a median: IN_LOOP_REPEATS times the isolated count."""
+        """As the training step issues it: right after layer compute, no barrier. The time from the call to its
+        return holds the wait for the other ranks' compute and for the waiting rank to be woken; the mean over
+        ranks is what the collective adds to a step beside the mean compute time. With ``block`` the compute
+        is the layer's own, the attention block and the MLP block by turns (each ends where a TP rank issues
+        its all-reduce), whose kernels' jitter from rank to rank sets how long the earlier rank waits; else
+        the GEMMs of ``compute_shapes``. ``compute`` is the first GEMM's time beside the other ranks'. A mean
+        over a tail needs more samples than a median: IN_LOOP_REPEATS times the isolated count."""
         reps = IN_LOOP_REPEATS * repeats
         samples = torch.zeros(reps, dtype=torch.float64, device=device)
-        compute = torch.zeros(reps, dtype=torch.float64, device=device)
-        if device.type == "cuda":
-            marks = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(reps)]
-        for i in range(reps):
-            if device.type == "cuda":
-                marks[i][0].record()
-                for j, (a, b, c) in enumerate(gemms):
-                    torch.mm(a, b, out=c)
-                    if j == 0:
-                        marks[i][1].record()
-                marks[i][2].record()
-                run()
-                marks[i][3].record()
+        compute = torch.full((reps,), float("nan"), dtype=torch.float64, device=device)
+        cuda = device.type == "cuda"
+        clock = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else None
+        stamps: list[list] = []  # per repetition: [first GEMM start, its end] (when timed), call start, call end
+
+        def mark(row: list) -> None:
+            if cuda:
+                e = clock()
+                e.record()
+                row.append(e)
             else:
-                t0 = time.perf_counter()
+                row.append(time.perf_counter())
+
+        for i in range(reps):
+            first: list = []
+            if blocks is not None:
+                blocks[i % 2](lambda: mark(first))
+            else:
                 for j, (a, b, c) in enumerate(gemms):
+                    if j == 0:
+                        mark(first)
                     torch.mm(a, b, out=c)
                     if j == 0:
-                        t_first = time.perf_counter()
-                t1 = time.perf_counter()
-                run()
-                samples[i] = time.perf_counter() - t1
-                compute[i] = t_first - t0
-        if device.type == "cuda":
+                        mark(first)
+            call: list = []
+            mark(call)
+            run()
+            mark(call)
+            stamps.append([first, call])
+        if cuda:
             torch.cuda.synchronize(device)
-            for i in range(reps):
-                compute[i] = marks[i][0].elapsed_time(marks[i][1]) / 1e3
-                samples[i] = marks[i][2].elapsed_time(marks[i][3]) / 1e3
+
+        def seconds(a, b) -> float:
+            return a.elapsed_time(b) / 1e3 if cuda else b - a
+
+        for i, (first, call) in enumerate(stamps):
+            samples[i] = seconds(*call)
+            if len(first) == 2:
+                compute[i] = seconds(*first)
         dist.all_reduce(samples)
         dist.all_reduce(compute)
-        compute_times.extend((compute / n).tolist())  # the GEMM beside the other ranks' GEMMs
+        # the GEMM beside the other ranks' GEMMs (repetitions that timed one)
+        compute_times.extend(x for x in (compute / n).tolist() if x == x)
         return (samples / n).tolist()
 
     points, skipped = [], []
@@ -244,11 +296,13 @@ def single_rank_issue_cost(device: torch.device, dtype: torch.dtype) -> dict:
 def run_collectives(*, backend: str, world_size: int, sizes: list[int], dtype: torch.dtype, warmup: int,
                     repeats: int, budget_s: float, kinds: tuple[str, ...] = KINDS,
                     modes: tuple[str, ...] = ("isolated",),
-                    compute_shapes: tuple[tuple[int, int, int], ...] = ((256, 1024, 256),), threads: int = 1) -> dict:
+                    compute_shapes: tuple[tuple[int, int, int], ...] = ((256, 1024, 256),), threads: int = 1,
+                    block: dict | None = None) -> dict:
     """Spawn ``world_size`` ranks, time every (mode, kind, size) that fits ``budget_s``; returns points and skips.
 
-    ``modes``: ``isolated`` (each call alone, ranks entering together) and ``in_loop`` (right after GEMMs
-    of ``compute_shapes`` = ((m, n, k), ...), as a training step issues its collectives).
+    ``modes``: ``isolated`` (each call alone, ranks entering together) and ``in_loop`` (right after compute, as
+    a training step issues its collectives: with ``block``, a TP rank's attention and MLP blocks of one layer
+    by turns, the MLP's GEMMs being ``compute_shapes`` = ((m, n, k), ...); without, those GEMMs alone).
 
     The ranks are killed if they outlive the budget by more than a grace period (a hung NCCL
     communicator must not eat the rest of a calibration session).
@@ -263,7 +317,7 @@ def run_collectives(*, backend: str, world_size: int, sizes: list[int], dtype: t
         ctx = mp.start_processes(
             _worker, nprocs=world_size, join=False, start_method="spawn",
             args=(world_size, backend, init, out, list(kinds), sizes, str(dtype).removeprefix("torch."),
-                  warmup, repeats, deadline, list(modes), tuple(map(tuple, compute_shapes)), threads),
+                  warmup, repeats, deadline, list(modes), tuple(map(tuple, compute_shapes)), threads, block),
         )
         grace_s = 30.0
         while not ctx.join(timeout=1.0):

@@ -154,6 +154,27 @@ def test_gloo_collectives_on_two_processes():
         assert math.isclose(p["busbw_gbps"], p["bytes"] / p["time_s"] / 1e9 * bus_factor(p["kind"], 2))
 
 
+def test_in_loop_collectives_follow_a_tp_ranks_layer_blocks():
+    """In the loop a collective follows the layer's own compute, the attention and the MLP block by turns (the
+    kernels whose jitter from rank to rank makes the earlier rank wait), and the MLP's first GEMM is timed
+    beside the other rank's."""
+    from calibration.measure import _group_layer
+    from calibration.microbench.shapes import LayerDims, forward_gemms
+
+    layer = _group_layer(LayerDims(hidden_size=64, num_attention_heads=4, ffn_hidden_size=256, seq_length=32), 2)
+    assert (layer.tensor_parallel_size, layer.local_heads) == (2, 2)
+    assert _group_layer(layer, 3) == layer  # 3 ranks split neither the heads nor the FFN: left as it is
+    fc1, fc2 = [(g.m, g.n, g.k) for g in forward_gemms(layer) if g.name in ("fc1", "fc2")]
+    assert fc1 == (32, 128, 64)
+    block = {"seq": 32, "micro_batch": 1, "hidden": 64, "local_heads": 2, "head_dim": 16, "dropout": 0.1}
+    res = run_collectives(backend="gloo", world_size=2, sizes=[4096], dtype=torch.float32, warmup=1, repeats=2,
+                          budget_s=60, kinds=("all_reduce",), modes=("in_loop",), compute_shapes=(fc1, fc2),
+                          block=block)
+    (point,) = res["points"]
+    assert point["mode"] == "in_loop" and point["time_s"] > 0 and point["compute_shape"] == list(fc1)
+    assert point["compute_s"] > 0
+
+
 def test_measure_entry_point_on_cpu(tmp_path):
     out = tmp_path / "raw.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
