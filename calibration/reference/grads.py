@@ -1,8 +1,9 @@
 """Gradients as Megatron-Core's DDP keeps and reduces them.
 
 Every parameter's gradient accumulates into ``param.main_grad``, a view of one fp32 buffer per rank
-(``_ParamAndGradBuffer``), whatever the parameters' dtype: a hook after autograd accumulates each
-``param.grad`` adds it to ``main_grad`` and frees it. The buffer is laid out in reverse parameter
+(``_ParamAndGradBuffer``), whatever the parameters' dtype: a linear layer's weight gradient GEMM
+accumulates into it directly (gradient-accumulation fusion, ``parallel.weight_gradient``); for every
+other parameter a hook after autograd accumulates ``param.grad`` adds it to ``main_grad`` and frees it. The buffer is laid out in reverse parameter
 order, so the backward fills it from the end, and split into buckets of ``ddp_bucket_size``
 parameters (Megatron's default max(40M, 1M x DP), one bucket without ``overlap_grad_reduce``).
 Data parallelism reduces each bucket with one collective; with ``overlap_grad_reduce`` a bucket's
@@ -72,8 +73,12 @@ class GradBuffer:
         return len(self.buckets)
 
     def _accumulate(self, p: nn.Parameter) -> None:
-        p.main_grad.add_(p.grad)
+        # a linear layer's weight gradient is already in main_grad (gradient-accumulation fusion): only a
+        # weight with another use here (the tied embedding, its placeholder zeros) has more to add
+        if not getattr(p, "grad_added_to_main_grad", False) or getattr(p, "zero_out_wgrad", False):
+            p.main_grad.add_(p.grad)
         p.grad = None
+        p.grad_added_to_main_grad = False
         if self.overlap and self.last_micro_batch and self.dp_size > 1:
             bucket = self._bucket_of[id(p)]
             bucket.pending.discard(id(p))

@@ -224,6 +224,8 @@ class GPTChunk(nn.Module):
             self.output_word = None if pre_process else VocabParallelEmbedding(
                 model.vocab_size, model.hidden_size, groups=groups, name="embedding.word", seed=seed,
                 dtype=dtype, device=device)
+            if pre_process:  # one weight, two uses on this rank: the output layer's fused wgrad gives autograd zeros
+                self.embedding.word.weight.zero_out_wgrad = True
 
     def output_weight(self) -> nn.Parameter:
         return self.embedding.word.weight if self.embedding is not None else self.output_word.weight

@@ -218,6 +218,20 @@ def reduce_scatter_to_sequence_parallel_region(x, group):
     return _ReduceScatterToSP.apply(x, group) if _size(group) > 1 else x
 
 
+def weight_gradient(weight: nn.Parameter, grad2d: torch.Tensor, input2d: torch.Tensor) -> torch.Tensor:
+    """A linear layer's weight gradient, grad^T @ input, as Megatron's gradient-accumulation fusion takes it:
+    accumulated straight into the fp32 ``main_grad`` by the GEMM (``wgrad_gemm_accum_fp32``; on the CPU one
+    ``addmm_``), autograd getting a placeholder (zeros where the weight has another use on this rank, the tied
+    embedding) and the flag that tells the buffer's hook not to add it again. Where the GEMM cannot accumulate
+    into fp32 (bf16 inputs without Megatron's extension) or there is no buffer, the gradient itself."""
+    main = getattr(weight, "main_grad", None)
+    if main is None or main.dtype != grad2d.dtype:
+        return grad2d.t().matmul(input2d)
+    main.addmm_(grad2d.t(), input2d)
+    weight.grad_added_to_main_grad = True
+    return (torch.zeros_like if getattr(weight, "zero_out_wgrad", False) else torch.empty_like)(weight)
+
+
 class _LinearWithCommunication(torch.autograd.Function):
     """Column-parallel GEMM with its TP communication, saving the input it was given.
 
@@ -246,13 +260,29 @@ class _LinearWithCommunication(torch.autograd.Function):
         else:
             grad_input = all_reduce(grad_input, ctx.group)
         grad2d = grad.reshape(-1, grad.shape[-1])
-        grad_weight = grad2d.t().matmul(total.reshape(-1, total.shape[-1]))
+        grad_weight = weight_gradient(weight, grad2d, total.reshape(-1, total.shape[-1]))
         grad_bias = grad2d.sum(0) if ctx.has_bias else None
         return grad_input, grad_weight, grad_bias, None, None
 
 
 def column_parallel_matmul(x, weight, bias, group, sequence_parallel: bool):
     return _LinearWithCommunication.apply(x, weight, bias, group, sequence_parallel)
+
+
+class _RowParallelMatmul(torch.autograd.Function):
+    """A row-parallel layer's partial product X_i A_i^T, its weight gradient accumulated as ``weight_gradient``
+    does (the reduction of the partial products is the caller's)."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return torch.matmul(x, weight.t())
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad2d = grad.reshape(-1, grad.shape[-1])
+        return torch.matmul(grad, weight), weight_gradient(weight, grad2d, x.reshape(-1, x.shape[-1]))
 
 
 # ---------------------------------------------------------------- initialisation and layers
@@ -327,7 +357,7 @@ class RowParallelLinear(nn.Module):
             self.bias.sequence_parallel = sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = F.linear(x, self.weight)
+        partial = _RowParallelMatmul.apply(x, self.weight)
         if self.sequence_parallel:
             out = reduce_scatter_to_sequence_parallel_region(partial, self.group)
         else:

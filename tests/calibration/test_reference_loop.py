@@ -375,6 +375,28 @@ def test_gradients_accumulate_in_an_fp32_buffer_in_buckets():
     assert one.num_buckets == 1  # without overlap Megatron keeps one bucket
 
 
+def test_weight_gradients_accumulate_into_main_grad_in_the_gemm():
+    """Gradient-accumulation fusion: the weight-gradient GEMM adds into main_grad (twice over two backwards, once
+    each), the hook adds nothing more; a weight with a second use (the tied embedding) gets zeros from the GEMM
+    and its other gradient through the hook."""
+    from torch import nn
+
+    from calibration.reference.grads import GradBuffer
+    from calibration.reference.parallel import column_parallel_matmul
+
+    torch.manual_seed(0)
+    weight, tied = nn.Parameter(torch.randn(5, 4)), nn.Parameter(torch.randn(5, 4))
+    tied.zero_out_wgrad = True
+    GradBuffer([weight, tied], dp_group=None, dp_size=1, bucket_params=None, overlap=False, device=torch.device("cpu"))
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        (column_parallel_matmul(x, weight, None, None, False).sum()
+         + column_parallel_matmul(x, tied, None, None, False).sum() + tied.sum()).backward()
+    wgrad = torch.ones(3, 5).t() @ x
+    assert weight.grad is None and torch.allclose(weight.main_grad, 2 * wgrad)
+    assert torch.allclose(tied.main_grad, 2 * (wgrad + 1.0))
+
+
 def test_this_torch_reduce_scatters_and_all_gathers_on_gloo_in_one_call():
     """The SP collectives use gloo's single-tensor calls where the installed torch has them, not an emulation."""
     from calibration.reference import parallel
