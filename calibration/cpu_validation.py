@@ -200,24 +200,20 @@ def _median_runs(jobs: dict[str, tuple], iterations: int, runs: int, run_referen
     from simulator.run_record import write_run_record
 
     records = {label: [] for label in jobs}
-    around = {label: [] for label in jobs}  # the probe before each run, and the next one after it
-    pending = None  # the label of the run whose "after" probe is the next one taken
+    sequence, probes = [], []  # the labels in the order they ran; the probe before each run, then one after all
     for i in range(runs):
         log(f"round {i + 1} of {runs}")
         for label, (job, record_path) in jobs.items():
             if probe is not None:
-                value = probe(f"before run {i + 1} of {record_path.stem}")
-                if pending is not None:
-                    around[pending][-1].append(value)
-                around[label].append([value])
-                pending = label
+                probes.append(probe(f"before run {i + 1} of {record_path.stem}"))
             path = record_path.with_name(f"{record_path.stem}.{i}.json")
             log(f"  {label} -> {path.name}")
             records[label].append(_run_once_more_if_it_failed(
                 lambda job=job, path=path: run_reference(job, device="cpu", iterations=iterations, out=path),
                 log, failures))
-    if probe is not None and pending is not None:
-        around[pending][-1].append(probe("after the last run"))
+            sequence.append(label)
+    if probe is not None and sequence:
+        probes.append(probe("after the last run"))
     kept_runs = {}
     for label, (job, record_path) in jobs.items():
         means = [statistics.fmean(r.timed_iteration_times_s) for r in records[label]]
@@ -226,8 +222,8 @@ def _median_runs(jobs: dict[str, tuple], iterations: int, runs: int, run_referen
             for suffix in (".json", ".json.log"):
                 record_path.with_name(f"{record_path.stem}.{i}{suffix}").unlink(missing_ok=True)
         write_run_record(records[label][kept], record_path)
-        kept_runs[label] = (records[label][kept], means,
-                            statistics.fmean(around[label][kept]) if around[label] else None)
+        at = [k for k, name in enumerate(sequence) if name == label][kept]  # the kept run's place in the sequence
+        kept_runs[label] = (records[label][kept], means, statistics.fmean(probes[at:at + 2]) if probes else None)
     return kept_runs
 
 

@@ -246,14 +246,11 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                                      "take collective figures from a multi-GPU run or a published profile")
                 else:
                     mlp = [g for g in layer_gemms(group_layer) if g.name in ("fc1", "fc2")]
-                    block = {"seq": group_layer.seq_length, "micro_batch": group_layer.micro_batch_size,
-                             "hidden": group_layer.hidden_size, "local_heads": group_layer.local_heads,
-                             "head_dim": group_layer.head_dim, "dropout": 0.1}
                     res = run_collectives(backend="nccl" if gpu else "gloo", world_size=world,
                                           sizes=collective_sizes(args.quick, args.device),
                                           dtype=dtype, warmup=warmup, repeats=repeats, budget_s=budget.seconds,
                                           modes=modes, compute_shapes=tuple((g.m, g.n, g.k) for g in mlp),
-                                          threads=threads, block=block)
+                                          threads=threads, block=group_layer)
                     raw["collectives"] = res["points"]
                     if res.get("host"):
                         raw["collective_host"] = res["host"]

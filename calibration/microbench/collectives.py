@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from calibration.microbench.shapes import LayerDims
+
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 
 
@@ -69,13 +71,16 @@ def _op(kind: str, n: int, rank: int, numel: int, dtype: torch.dtype, device: to
     raise ValueError(f"unknown collective {kind!r}; use one of {', '.join(KINDS)}")
 
 
-def _layer_blocks(block: dict, gemms: list, dtype: torch.dtype, device: torch.device, gen: torch.Generator):
+LAYER_DROPOUT = 0.1  # Megatron's default attention and hidden dropout
+
+
+def _layer_blocks(layer: LayerDims, gemms: list, dtype: torch.dtype, device: torch.device, gen: torch.Generator):
     """The two stretches of one layer's forward that a tensor-parallel rank runs between its collectives, as
-    closures taking ``mark`` (called around the MLP block's first GEMM, ``gemms[0]``): the MLP's dropout-add,
-    the next layer's norm and unfused attention up to its output projection; the attention's dropout-add, the
-    norm, fc1, GeLU and fc2. ``block``: tokens' seq and micro_batch, hidden, local_heads, head_dim, dropout."""
-    s, b, h = block["seq"], block["micro_batch"], block["hidden"]
-    a, d, p = block["local_heads"], block["head_dim"], block["dropout"]
+    closures taking ``mark`` (called around the MLP block's first GEMM): the MLP's dropout-add, the next
+    layer's norm and unfused attention up to its output projection; the attention's dropout-add, the norm,
+    fc1, GeLU and fc2. ``gemms``: the (A, B, C) buffers of ``layer``'s fc1 and fc2, whose B and C are used."""
+    s, b, h = layer.seq_length, layer.micro_batch_size, layer.hidden_size
+    a, d, p = layer.local_heads, layer.head_dim, LAYER_DROPOUT
 
     def rand(*shape):
         return torch.randn(*shape, generator=gen, device=device).to(dtype)
@@ -83,7 +88,7 @@ def _layer_blocks(block: dict, gemms: list, dtype: torch.dtype, device: torch.de
     x, residual = rand(s * b, h), rand(s * b, h)
     w_qkv, w_proj = rand(h, 3 * a * d), rand(a * d, h)
     causal = torch.ones((s, s), dtype=torch.bool, device=device).triu(1)
-    (fc1_a, fc1_b, fc1_c), fc2 = gemms[0], gemms[1:]
+    (_, fc1_w, fc1_out), (_, fc2_w, fc2_out) = gemms
 
     def attention(mark) -> None:
         y = torch.nn.functional.layer_norm(residual + torch.native_dropout(x, p, True)[0], (h,))
@@ -96,11 +101,9 @@ def _layer_blocks(block: dict, gemms: list, dtype: torch.dtype, device: torch.de
     def mlp(mark) -> None:
         y = torch.nn.functional.layer_norm(residual + torch.native_dropout(x, p, True)[0], (h,))
         mark()
-        torch.mm(y if y.shape == fc1_a.shape else fc1_a, fc1_b, out=fc1_c)
+        torch.mm(y, fc1_w, out=fc1_out)
         mark()
-        out = torch.nn.functional.gelu(fc1_c, approximate="tanh")
-        for a_, b_, c_ in fc2:
-            torch.mm(out if out.shape == a_.shape else a_, b_, out=c_)
+        torch.mm(torch.nn.functional.gelu(fc1_out, approximate="tanh"), fc2_w, out=fc2_out)
 
     return attention, mlp
 
@@ -120,7 +123,7 @@ def _spread(samples: list[float]) -> float:
 def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[str], sizes: list[int],
             dtype_name: str, warmup: int, repeats: int, deadline: float, modes: list[str] = ("isolated",),
             compute_shapes: tuple[tuple[int, int, int], ...] = ((256, 1024, 256),), threads: int = 1,
-            block: dict | None = None) -> None:
+            block: LayerDims | None = None) -> None:
     torch.set_num_threads(threads)  # the ranks share the machine's cores, one thread each as the loop's ranks
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -169,14 +172,13 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
         samples = torch.zeros(reps, dtype=torch.float64, device=device)
         compute = torch.full((reps,), float("nan"), dtype=torch.float64, device=device)
         cuda = device.type == "cuda"
-        clock = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else None
         stamps: list[list] = []  # per repetition: [first GEMM start, its end] (when timed), call start, call end
 
         def mark(row: list) -> None:
             if cuda:
-                e = clock()
-                e.record()
-                row.append(e)
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                row.append(event)
             else:
                 row.append(time.perf_counter())
 
@@ -297,12 +299,13 @@ def run_collectives(*, backend: str, world_size: int, sizes: list[int], dtype: t
                     repeats: int, budget_s: float, kinds: tuple[str, ...] = KINDS,
                     modes: tuple[str, ...] = ("isolated",),
                     compute_shapes: tuple[tuple[int, int, int], ...] = ((256, 1024, 256),), threads: int = 1,
-                    block: dict | None = None) -> dict:
+                    block: LayerDims | None = None) -> dict:
     """Spawn ``world_size`` ranks, time every (mode, kind, size) that fits ``budget_s``; returns points and skips.
 
     ``modes``: ``isolated`` (each call alone, ranks entering together) and ``in_loop`` (right after compute, as
-    a training step issues its collectives: with ``block``, a TP rank's attention and MLP blocks of one layer
-    by turns, the MLP's GEMMs being ``compute_shapes`` = ((m, n, k), ...); without, those GEMMs alone).
+    a training step issues its collectives: with ``block``, the layer as one TP rank holds it, its attention
+    and MLP blocks by turns, ``compute_shapes`` = ((m, n, k), ...) being its fc1 and fc2; without, those
+    GEMMs alone).
 
     The ranks are killed if they outlive the budget by more than a grace period (a hung NCCL
     communicator must not eat the rest of a calibration session).

@@ -3,9 +3,10 @@
 Every parameter's gradient accumulates into ``param.main_grad``, a view of one fp32 buffer per rank
 (``_ParamAndGradBuffer``), whatever the parameters' dtype: a linear layer's weight gradient GEMM
 accumulates into it directly (gradient-accumulation fusion, ``parallel.weight_gradient``); for every
-other parameter a hook after autograd accumulates ``param.grad`` adds it to ``main_grad`` and frees it. The buffer is laid out in reverse parameter
-order, so the backward fills it from the end, and split into buckets of ``ddp_bucket_size``
-parameters (Megatron's default max(40M, 1M x DP), one bucket without ``overlap_grad_reduce``).
+other parameter a hook after autograd accumulates ``param.grad`` adds it to ``main_grad`` and frees
+it. The buffer is laid out in reverse parameter order, so the backward fills it from the end, and
+split into buckets of ``ddp_bucket_size`` parameters (Megatron's default max(40M, 1M x DP), one
+bucket without ``overlap_grad_reduce``).
 Data parallelism reduces each bucket with one collective; with ``overlap_grad_reduce`` a bucket's
 all-reduce is issued (asynchronously) as soon as the last micro-batch has produced all of its
 gradients, and waited for after the backward.
@@ -147,7 +148,6 @@ def all_reduce_coalesced(tensors: list[torch.Tensor], group) -> None:
         n = t.numel()
         t.copy_(flat[offset:offset + n].view(t.shape))
         offset += n
-
 
 
 # Megatron's default --clip-grad: the optimizer scales every gradient by max_norm / norm when the global

@@ -72,10 +72,9 @@ class MixedPrecisionAdam:
             self.adam = torch.optim.Adam(self.master, lr=lr, fused=True)
         except (RuntimeError, ValueError):  # a build without the fused kernel for this device
             self.adam = torch.optim.Adam(self.master, lr=lr)
-        self.grad_norm: float | None = None
 
     def step(self) -> None:
-        self.grad_norm = clip_grad_norm_(self.params, self.groups, CLIP_GRAD, self.device, self.tied)
+        clip_grad_norm_(self.params, self.groups, CLIP_GRAD, self.device, self.tied)
         for p, m in zip(self.params, self.master):
             m.grad = p.main_grad  # a view of the fp32 buffer, no copy
         self.adam.step()
@@ -86,9 +85,17 @@ class MixedPrecisionAdam:
                 m.grad = None
 
 
-def tied_word_embeddings(chunks: list[GPTChunk]) -> list[torch.nn.Parameter]:
-    """This rank's copies of the word embedding that the first and last stage share (none with one stage:
-    the output layer then uses the embedding's own weight)."""
+def ties_embedding_across_stages(job: Job) -> bool:
+    """The first and last stage each hold a copy of the word embedding (with one stage the output layer uses
+    the embedding's own weight)."""
+    return job.plan.pipeline_parallel_size > 1 and not job.model.untie_embeddings_and_output_weights
+
+
+def tied_word_embeddings(chunks: list[GPTChunk], job: Job) -> list[torch.nn.Parameter]:
+    """This rank's copies of the word embedding that the first and last stage share (none on the other stages,
+    and none at all unless ``ties_embedding_across_stages``)."""
+    if not ties_embedding_across_stages(job):
+        return []
     return [c.embedding.word.weight if c.embedding is not None else c.output_word.weight
             for c in chunks if c.embedding is not None or (c.post_process and c.output_word is not None)]
 
@@ -113,17 +120,17 @@ def finish_gradients(chunks: list[GPTChunk], grads: list[ChunkGradients], groups
             expert_partial = [p.main_grad for p in params if getattr(p, "expert_tensor_parallel_partial", False)]
             if expert_partial:
                 all_reduce_coalesced(expert_partial, groups.etp)
-    if plan.pipeline_parallel_size > 1 and not job.model.untie_embeddings_and_output_weights:
+    if ties_embedding_across_stages(job):
         with timers("embedding-grads-all-reduce", barrier=True):
-            if groups.embedding is not None:
-                for word in tied_word_embeddings(chunks):
-                    all_reduce(word.main_grad, groups.embedding)
+            for word in tied_word_embeddings(chunks, job):
+                all_reduce(word.main_grad, groups.embedding)
 
 
 def dump_gradients(chunks: list[GPTChunk], groups: ParallelGroups, directory: Path, grad_norm: float) -> None:
     """Each rank's gradient shards by global name (with the slice of the full tensor each is), for tests that
-    reassemble and compare them, and the global norm the optimizer clips by; for MoE layers, the copies this rank's experts took in the metered micro-batch
-    and the smallest gap between a chosen and an unchosen router logit over the run."""
+    reassemble and compare them, and the global norm the optimizer clips by; for MoE layers, the copies this
+    rank's experts took in the metered micro-batch and the smallest gap between a chosen and an unchosen router
+    logit over the run."""
     directory.mkdir(parents=True, exist_ok=True)
     grads = {p.global_name: (p.main_grad.detach().float().cpu().clone(), p.partition_dim,
                              getattr(p, "shard_rank", 0))
@@ -178,8 +185,7 @@ def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
                             dp_size=plan.gradient_group_size, expert_dp_size=groups.edp_size,
                             bucket_params=plan.ddp_bucket_size, overlap=plan.overlap_grad_reduce, device=device)
              for c in chunks]
-    tied = ({id(w) for w in tied_word_embeddings(chunks)}
-            if p > 1 and not model.untie_embeddings_and_output_weights else set())
+    tied = {id(w) for w in tied_word_embeddings(chunks, job)}
     optimizer = MixedPrecisionAdam([q for c in chunks for q in c.parameters()], lr, groups, device, tied)
     m = plan.num_micro_batches
     schedule = build_schedule(p, m, v, schedule_kind(plan))

@@ -166,10 +166,9 @@ def test_in_loop_collectives_follow_a_tp_ranks_layer_blocks():
     assert _group_layer(layer, 3) == layer  # 3 ranks split neither the heads nor the FFN: left as it is
     fc1, fc2 = [(g.m, g.n, g.k) for g in forward_gemms(layer) if g.name in ("fc1", "fc2")]
     assert fc1 == (32, 128, 64)
-    block = {"seq": 32, "micro_batch": 1, "hidden": 64, "local_heads": 2, "head_dim": 16, "dropout": 0.1}
     res = run_collectives(backend="gloo", world_size=2, sizes=[4096], dtype=torch.float32, warmup=1, repeats=2,
                           budget_s=60, kinds=("all_reduce",), modes=("in_loop",), compute_shapes=(fc1, fc2),
-                          block=block)
+                          block=layer)
     (point,) = res["points"]
     assert point["mode"] == "in_loop" and point["time_s"] > 0 and point["compute_shape"] == list(fc1)
     assert point["compute_s"] > 0
