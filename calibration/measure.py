@@ -252,6 +252,8 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                                           modes=modes, compute_shapes=tuple((g.m, g.n, g.k) for g in mlp),
                                           threads=threads, block=group_layer)
                     raw["collectives"] = res["points"]
+                    if res.get("shared_compute"):
+                        raw["shared_compute"] = res["shared_compute"]
                     if res.get("host"):
                         raw["collective_host"] = res["host"]
                     budget.skipped.extend(res["skipped"])

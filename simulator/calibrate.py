@@ -255,8 +255,21 @@ def _fit_gemm(raw: dict, gpu: GpuSpec, cpu: bool) -> tuple[GemmParams, BlockErro
     sources = {k: src for k in params}
     if cpu:
         sources["tile_m"] = sources["tile_n"] = "fixed: a CPU core (sm_count 1) has no waves, the tile size does not matter"
-    block = GemmParams(**params, sources=sources, fits=tuple(fits))
+    measured = _layer_gemm_table(rows, DTYPE_BYTES[dtype])
+    if measured:
+        sources["measured"] = (f"the {len(measured)} GEMM shapes of the measured layer (its forward, dgrad and wgrad), "
+                               "each its median time; held-out ones included, as the fit's test stays the fit's")
+    block = GemmParams(**params, measured=measured or None, sources=sources, fits=tuple(fits))
     return block, _error("gemm", fit.residuals), held
+
+
+def _layer_gemm_table(rows: list[dict], dtype_bytes: int) -> tuple[tuple[int, int, int, int, int, float], ...]:
+    """The layer's own GEMMs (not the grid that spans shapes for the fit), one median time per shape."""
+    by_shape: dict[tuple[int, int, int, int], list[float]] = {}
+    for r in rows:
+        if not r["name"].startswith("grid."):
+            by_shape.setdefault((r["m"], r["n"], r["k"], r["batch"]), []).append(float(r["time_s"]))
+    return tuple((*shape, dtype_bytes, statistics.median(ts)) for shape, ts in sorted(by_shape.items()))
 
 
 def _fit_elementwise(raw: dict, gpu: GpuSpec) -> tuple[ElementwiseParams, list[BlockError]]:
@@ -473,7 +486,6 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None,
                     link_time_s(kind, r["bytes"]) * (measured.kind_factor(kind, r["bytes"]) if m == mode else 1.0)
                     / r["time_s"] - 1.0 for r in by[(kind, m)]]))
     errors.append(_error("collectives.send_recv", res))
-    notes += _concurrent_compute_note(raw, by[("all_reduce", "in_loop")])
     return CollectiveParams(nvlink=nvlink, network=network), errors, notes
 
 
@@ -500,19 +512,47 @@ def _kind_factors(rows_by_kind: dict[str, list[dict]], link_time_s) -> dict[str,
     return factors
 
 
-def _concurrent_compute_note(raw: dict, in_loop: list[dict]) -> list[str]:
-    """How much slower the layer GEMM ran beside the other ranks (in the in-loop timing) than alone (the GEMM
-    section): ranks that share a machine's cores, caches and memory bandwidth, which the cost model does not see."""
-    beside = [r["compute_s"] for r in in_loop if r.get("compute_s")]
-    if not beside:
-        return []
-    m, n, k = in_loop[0]["compute_shape"]
-    alone = [r["time_s"] for r in raw.get("gemm", []) if (r["m"], r["n"], r["k"], r["batch"]) == (m, n, k, 1)]
-    if not alone:
-        return []
-    ratio = float(np.median(beside)) / alone[0]
-    return [f"the {m} x {n} x {k} layer GEMM took {float(np.median(beside)) * 1e3:.3g} ms beside the other "
-            f"{in_loop[0]['group_size'] - 1} rank(s) and {alone[0] * 1e3:.3g} ms alone ({ratio - 1:+.0%})"]
+def _host_sharing(raw: dict) -> tuple[float, str, list[str]]:
+    """The compute slowdown of ranks sharing the machine: per round of the collectives section's shared-compute
+    timing (the layer's blocks on one rank alone, then on every rank at once, by turns), the shared time over
+    the lone one; the median round's ratio less 1, held at 0 (sharing cannot speed a rank up: a round below
+    is the machine's noise)."""
+    shared = raw.get("shared_compute")
+    if not shared or not shared.get("alone_s"):
+        return 0.0, ("not measured (no shared-compute timing in the raw points); taken as 0: ranks sharing a "
+                     "machine are costed as if each had it to itself"), []
+    ratios = [t / a for a, t in zip(shared["alone_s"], shared["together_s"]) if a > 0]
+    median = statistics.median(ratios)
+    slowdown = min(max(0.0, median - 1.0), 0.99)
+    source = (f"measured: the layer's attention and MLP blocks on one of {shared['ranks']} ranks alone and on all at "
+              f"once, by turns over {len(ratios)} rounds; the median round's shared / alone time less 1 "
+              f"(rounds {min(ratios) - 1:+.0%} to {max(ratios) - 1:+.0%})")
+    note = f"ranks sharing the machine slowed each other's compute by {median - 1:+.0%} (median of {len(ratios)} rounds)"
+    return slowdown, source, [note]
+
+
+def _step_jitter(raw: dict) -> tuple[float, str]:
+    """How much one rank's compute varies independently of the others': in each round of the shared-compute
+    timing every rank runs the same blocks at once, so its deviation from the round's mean over ranks is its
+    own (what the machine does to all ranks alike cancels). The spread is the normal one with the measured
+    mean absolute deviation, E|d| = sigma sqrt(2 (n - 1) / (pi n)): a waiting rank pays the mean gap to the
+    later one (for two ranks E[max] - mean = E|d| exactly), which a few long stalls would inflate a standard
+    deviation past."""
+    shared = raw.get("shared_compute") or {}
+    by_rank = shared.get("together_by_rank_s")
+    if not by_rank or len(by_rank) < 2 or len(by_rank[0]) < 2:
+        return 0.0, ("not measured (no per-rank shared-compute timing in the raw points); taken as 0: each step "
+                     "takes its expected time")
+    times = np.asarray(by_rank, dtype=float)  # (ranks, rounds)
+    n, rounds = times.shape
+    deviations = times - times.mean(axis=0, keepdims=True)
+    sd = float(np.abs(deviations).mean() / np.sqrt(2 * (n - 1) / (np.pi * n)))
+    mean = float(times.mean())
+    jitter = min(sd / mean, 0.99)
+    span_ms = mean * 1e3 * shared.get("passes", 1)
+    return jitter, (f"measured: the layer's attention and MLP blocks run on all {n} ranks at once, {rounds} rounds; "
+                    f"the normal spread with a rank's mean absolute deviation from the round's mean over ranks, "
+                    f"over the mean time ({span_ms:.3g} ms spans)")
 
 
 SWEEP_NOISE = 0.10
@@ -557,6 +597,9 @@ def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = Non
     else:
         overlap, overlap_src = 0.0, ("not measured: on a CPU every op, collectives included, runs on the issuing "
                                      "thread, so nothing overlaps; 0")
+    sharing, sharing_src, sharing_notes = _host_sharing(raw)
+    notes += sharing_notes
+    jitter, jitter_src = _step_jitter(raw)
     skipped = {s: len(i.get("skipped", [])) for s, i in raw.get("sections", {}).items() if i.get("skipped")}
     if skipped:
         notes.append(f"points skipped to stay within the time budget: {skipped}")
@@ -568,6 +611,8 @@ def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = Non
         device=_device_info(device, raw.get("settings", {})),
         gemm=gemm, elementwise=elementwise, attention=attention, collectives=collectives, host=host,
         overlap_compute_slowdown=overlap, overlap_source=overlap_src,
+        host_sharing_slowdown=sharing, host_sharing_source=sharing_src, step_jitter=jitter,
+        step_jitter_source=jitter_src,
         notes="; ".join([f"measured with calibration.measure, settings {json.dumps(raw.get('settings', {}), sort_keys=True)}"]
                         + notes),
     )

@@ -425,7 +425,8 @@ def build_work(job: Job, cost, lt: LayerTimes | None, ext: StageExtraTimes,
         layers[True] = moe_lt
     send = p2p_times(cost, job) if p > 1 else (0.0,)
     firsts, kind_of = stage_kinds(job.layer_runs if job.model.is_moe else job.chunk_layers)
-    return pipeline_work(plan, kind_of, [_stage_work(job, cost, layers, ext, s) for s in firsts], send)
+    return pipeline_work(plan, kind_of, [_stage_work(job, cost, layers, ext, s) for s in firsts], send,
+                         cost.profile.step_jitter)
 
 
 def simulate_job(job: Job, profile=None, tokens: float | None = None, record: bool = False,

@@ -17,7 +17,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from simulator.engine import EngineResult, PipelineWork, StageResult
+from simulator.engine import EngineResult, PipelineWork, StageResult, ready_time_s
+from simulator.jitter import clark_max
 from simulator.schedules import warmup_forwards
 
 
@@ -102,7 +103,10 @@ def evaluate(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> 
     arrive_end = [0.0] * n
     arrive_start = [0.0] * n
     arrive_dur = [0.0] * n
+    arrive_var = [0.0] * n
     known = [False] * n
+    jitter = work.step_jitter
+    variance = [0.0] * p
     now = [0.0] * p
     ptr = [0] * p
     busy, wait, transfer_wait, last_bwd_end = [0.0] * p, [0.0] * p, [0.0] * p, [0.0] * p
@@ -138,6 +142,7 @@ def evaluate(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> 
             send_f, send_b = send[s], send[(s - 1) % p]
             link = link_free[s]
             t, b_s, w_s, tw_s, lb = now[s], busy[s], wait[s], transfer_wait[s], last_bwd_end[s]
+            var = variance[s]
             while i < count:
                 forward, chunk, wait_slot, fill_slot, last_bwd = steps[i]
                 if wait_slot >= 0:
@@ -145,12 +150,18 @@ def evaluate(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> 
                         break
                     end = arrive_end[wait_slot]
                     if end > t:
-                        w_s += end - t
                         tw_s += min(end - t, end - max(arrive_start[wait_slot], t), arrive_dur[wait_slot])
+                    if jitter:
+                        mean, var = clark_max(end, arrive_var[wait_slot], t, var)[0], 0.0
+                        w_s += mean - t
+                        t = mean
+                    elif end > t:
+                        w_s += end - t
                         t = end
                 duration = fwd_d[chunk] if forward else bwd_d[chunk]
                 start = t
                 t = start + duration
+                var += (jitter * duration) ** 2
                 b_s += duration
                 if fill_slot >= 0:
                     li, dur = (0, send_f) if forward else (1, send_b)
@@ -160,6 +171,7 @@ def evaluate(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> 
                     done = begin + dur
                     link[li] = done
                     arrive_start[fill_slot], arrive_dur[fill_slot], arrive_end[fill_slot] = begin, dur, done
+                    arrive_var[fill_slot] = var
                     known[fill_slot] = True
                     if blocking:
                         w_s += done - t
@@ -172,6 +184,7 @@ def evaluate(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> 
                 i += 1
             progressed = progressed or i != ptr[s]
             ptr[s], now[s], busy[s], wait[s], transfer_wait[s], last_bwd_end[s] = i, t, b_s, w_s, tw_s, lb
+            variance[s] = var
             if i == count:
                 remaining -= 1
                 sw, res = work.stages[s], results[s]
@@ -182,7 +195,7 @@ def evaluate(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> 
                 res.grads_ready_s = t + (grads_done[s] - t) if grads_done[s] > t else t
                 res.optimizer_s = sw.optimizer_s
         assert progressed, "the schedule deadlocked: a stage never finished its steps"
-    ready = max(r.grads_ready_s for r in results)
+    ready = ready_time_s([(r.grads_ready_s, variance[s]) for s, r in enumerate(results)], work.replicas)
     return EngineResult(ready + max(r.optimizer_s for r in results), results, [])
 
 
@@ -231,12 +244,16 @@ def _numba_kernel():
     import numba
     import numpy as np
 
+    clark = numba.njit(cache=True, nogil=True)(clark_max)
+
     @numba.njit(cache=True, nogil=True)
-    def run(offsets, table, slots, fwd_d, bwd_d, send, reduce_s, buckets, optimizer, blocking, overlap):
+    def run(offsets, table, slots, fwd_d, bwd_d, send, reduce_s, buckets, optimizer, blocking, overlap, jitter):
         p = offsets.shape[0] - 1
         arrive_end = np.zeros(slots)
         arrive_start = np.zeros(slots)
         arrive_dur = np.zeros(slots)
+        arrive_var = np.zeros(slots)
+        variance = np.zeros(p)
         known = np.zeros(slots, dtype=np.bool_)
         out = np.zeros((p, 6))  # busy, wait, transfer_wait, last_backward_end, grads_ready, optimizer
         now = np.zeros(p)
@@ -252,6 +269,7 @@ def _numba_kernel():
                 if i >= stop:
                     continue
                 t = now[s]
+                var = variance[s]
                 first = i
                 while i < stop:
                     forward, chunk, wait_slot, fill_slot, last_bwd = table[i, 0], table[i, 1], table[i, 2], table[i, 3], table[i, 4]
@@ -260,12 +278,19 @@ def _numba_kernel():
                             break
                         end = arrive_end[wait_slot]
                         if end > t:
-                            out[s, 1] += end - t
                             out[s, 2] += min(end - t, end - max(arrive_start[wait_slot], t), arrive_dur[wait_slot])
+                        if jitter > 0.0:
+                            mean = clark(end, arrive_var[wait_slot], t, var)[0]
+                            var = 0.0
+                            out[s, 1] += mean - t
+                            t = mean
+                        elif end > t:
+                            out[s, 1] += end - t
                             t = end
                     duration = fwd_d[s, chunk] if forward else bwd_d[s, chunk]
                     start = t
                     t = start + duration
+                    var += (jitter * duration) ** 2
                     out[s, 0] += duration
                     if fill_slot >= 0:
                         li = 0 if forward else 1
@@ -278,6 +303,7 @@ def _numba_kernel():
                         arrive_start[fill_slot] = begin
                         arrive_dur[fill_slot] = dur
                         arrive_end[fill_slot] = done
+                        arrive_var[fill_slot] = var
                         known[fill_slot] = True
                         if blocking:
                             out[s, 1] += done - t
@@ -299,6 +325,7 @@ def _numba_kernel():
                     progressed = True
                 ptr[s] = i
                 now[s] = t
+                variance[s] = var
                 if i == stop:
                     remaining -= 1
                     if not overlap:
@@ -313,8 +340,8 @@ def _numba_kernel():
                     out[s, 4] = t + (grads_done[s] - t) if grads_done[s] > t else t
                     out[s, 5] = optimizer[s]
             if not progressed:
-                return -1.0, out
-        return out[:, 4].max() + out[:, 5].max(), out
+                return -1.0, out, variance
+        return out[:, 4].max() + out[:, 5].max(), out, variance
 
     return run
 
@@ -331,11 +358,15 @@ def evaluate_compiled(p: int, m: int, v: int, work: PipelineWork, kind: str = "1
         _KERNEL = _numba_kernel()
     offsets, table, slots = _arrays(p, m, v, kind)
     stages = work.stages
-    total, out = _KERNEL(offsets, table, slots, np.array([s.forward_s for s in stages]),
+    total, out, variance = _KERNEL(offsets, table, slots, np.array([s.forward_s for s in stages]),
                          np.array([s.backward_s for s in stages]), np.array(work.send_s, dtype=float),
                          np.array([s.grad_reduce_s for s in stages]),
                          np.array([s.grad_buckets if s.grad_buckets else (1,) * v for s in stages], dtype=np.int64),
-                         np.array([s.optimizer_s for s in stages]), not work.overlap_p2p, work.overlap_grad_reduce)
+                         np.array([s.optimizer_s for s in stages]), not work.overlap_p2p, work.overlap_grad_reduce,
+                         float(work.step_jitter))
     assert total >= 0, "the schedule deadlocked: a stage never finished its steps"
     results = [StageResult(*map(float, row)) for row in out]
+    if work.step_jitter:
+        ready = ready_time_s([(r.grads_ready_s, float(v)) for r, v in zip(results, variance)], work.replicas)
+        total = ready + max(r.optimizer_s for r in results)
     return EngineResult(float(total), results, [])

@@ -113,6 +113,10 @@ class ClusterSpec(BaseModel):
     nics_per_node: int = Field(gt=0, le=limits.MAX_GPUS_PER_NODE)
     nic_line_rate_gbit_s: float = Field(description="Line rate of one compute NIC, Gb/s (bits).", **_GBPS)
     fabric: FabricSpec
+    nodes_per_host: int | None = Field(
+        None, gt=0, le=limits.MAX_GPUS_PER_NODE,
+        description="Nodes that share one machine's caches, memory and power (the cores of a CPU standing in for "
+                    "nodes); None: every node is its own machine.")
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -132,7 +136,12 @@ class ClusterSpec(BaseModel):
 
     def __hash__(self) -> int:  # the sources dict is documentation, not identity
         return hash((self.name, self.gpu, self.gpus_per_node, self.nvlink_bandwidth_gbps_per_direction,
-                     self.nics_per_node, self.nic_line_rate_gbit_s, self.fabric))
+                     self.nics_per_node, self.nic_line_rate_gbit_s, self.fabric, self.nodes_per_host))
+
+    @property
+    def devices_per_host(self) -> int:
+        """Devices that share one machine: a node's GPUs, or the nodes (cores) of one CPU."""
+        return self.gpus_per_node * (self.nodes_per_host or 1)
 
     @property
     def nic_bandwidth_gbps_per_gpu(self) -> float:

@@ -124,12 +124,18 @@ _KERNEL_CLASSES = (("softmax.mask", "copy"), ("residual_grad_add", "bias_add_res
                    ("gelu", "gelu"), ("swiglu", "gelu"))
 
 
-def kernel_class(name: str) -> str:
+def kernel_class(name: str, mask: bool = True) -> str:
+    """The kernel class of an elementwise op; a backward op (``<forward>.backward``) is its forward's class with
+    ``_backward``, which a profile that did not time it costs as it did before it had its own (see
+    ``simulator.profile.KERNEL_STAND_INS``)."""
+    if name.endswith(".backward"):
+        return f"{kernel_class(name.removesuffix('.backward'), mask)}_backward"
     for key, kernel in _KERNEL_CLASSES:
         if key in name:
             return kernel
-    if "dropout" in name:  # the forward draws random numbers; the backward only applies the mask
-        return "bias_add_residual" if name.endswith(".backward") else "dropout"
+    if "dropout" in name:
+        # a dropout of probability 0 is left out: what remains is the residual add, or nothing
+        return "dropout" if mask else "bias_add_residual"
     return "copy"
 
 
@@ -137,7 +143,7 @@ def elementwise(name: str, numel: int, reads: float, writes: float, ab: int, sav
     """A memory-bound op reading ``reads`` and writing ``writes`` tensors of ``numel`` elements."""
     moved = numel * ab * (reads + writes) + (numel * MASK_BYTES if mask else 0)
     return Op(name, OpKind.elementwise, flops=0.0, bytes_moved=moved, saves=tuple(saves), region=region,
-              kernel=kernel_class(name))
+              kernel=kernel_class(name, mask))
 
 
 def gemm(name: str, shape: GemmShape, saves=(), region="", kind=OpKind.gemm) -> Op:

@@ -127,6 +127,34 @@ class GemmParams(_Block):
         None, **_FRACTION,
         description="Best efficiency any shape reaches (a brute-force shape search's maximum); caps the formula.",
     )
+    _table: dict | None = PrivateAttr(None)
+    measured: tuple[tuple[int, int, int, int, int, float], ...] | None = Field(
+        None, description="The layer's own GEMMs as timed, (m, n, k, batch, dtype_bytes, time_s): the cost model "
+                          "gives these shapes their measured time and the fitted form every other shape.")
+
+    @model_validator(mode="after")
+    def _measured_shapes_are_shapes(self) -> "GemmParams":
+        keys = [row[:5] for row in self.measured or ()]
+        if any(min(row[:5]) < 1 or not 0 < row[5] <= _SECONDS["le"] for row in self.measured or ()):
+            raise ValueError("measured GEMMs need positive m, n, k, batch and dtype_bytes and a time from 0 to "
+                             f"{_SECONDS['le']:g} s; measure again or drop them")
+        if len(set(keys)) != len(keys):
+            raise ValueError("measured GEMMs repeat a shape; keep one time per (m, n, k, batch, dtype_bytes)")
+        return self
+
+    def measured_time_s(self, m: int, n: int, k: int, batch: int, dtype_bytes: int) -> float | None:
+        """The timed GEMM of this shape, or None where the shape was not timed."""
+        if self._table is None:
+            self._table = {row[:5]: row[5] for row in self.measured or ()}
+        return self._table.get((m, n, k, batch, dtype_bytes))
+
+
+# A backward kernel (``<class>_backward``) that a profile did not time is costed as its forward class, but for a
+# dropout's: it only applies the kept mask, one pass like the residual add on a GPU (Megatron's fused
+# bias-dropout-add backward). On a CPU torch runs each backward as its own kernels (the dropout's converts
+# the boolean mask and multiplies twice, several times the add's time), which a profile that timed them keeps.
+KERNEL_STAND_INS = {"dropout_backward": "bias_add_residual"}
+BACKWARD_SUFFIX = "_backward"
 
 
 class ElementwiseParams(_Block):
@@ -143,8 +171,8 @@ class ElementwiseParams(_Block):
     achieved_fraction: float = Field(description="Fraction of peak HBM bandwidth a fused kernel reaches.", **_FRACTION)
     launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
     kernel_fractions: dict[str, Annotated[float, Field(**_FRACTION)]] | None = Field(
-        None, description="Achieved fraction per kernel class (layer_norm, dropout, gelu, softmax, bias_add_residual, "
-                          "copy) where measured; the others use achieved_fraction.",
+        None, description="Achieved fraction per kernel class (layer_norm, gelu, dropout, softmax, bias_add_residual, "
+                          "copy and each one's _backward) where measured; the others use achieved_fraction.",
     )
     kernel_curves: dict[str, tuple[tuple[float, float], ...]] | None = Field(
         None, description="Per kernel class, measured (bytes_moved, fraction of peak HBM bandwidth) points, sizes "
@@ -165,11 +193,18 @@ class ElementwiseParams(_Block):
                                  "repeated sizes")
         return self
 
+    def _measured_as(self, kernel: str) -> str:
+        """The class whose figures stand for ``kernel``: its own where measured, else the class it was costed as
+        before it had its own (a profile measured without it keeps its predictions)."""
+        if kernel in (self.kernel_fractions or {}) or kernel in (self.kernel_curves or {}):
+            return kernel
+        return KERNEL_STAND_INS.get(kernel, kernel.removesuffix(BACKWARD_SUFFIX))
+
     def fraction(self, kernel: str) -> float:
-        return (self.kernel_fractions or {}).get(kernel, self.achieved_fraction)
+        return (self.kernel_fractions or {}).get(self._measured_as(kernel), self.achieved_fraction)
 
     def curve(self, kernel: str) -> tuple[tuple[float, float], ...] | None:
-        return (self.kernel_curves or {}).get(kernel)
+        return (self.kernel_curves or {}).get(self._measured_as(kernel))
 
 
 class AttentionParams(_Block):
@@ -332,6 +367,18 @@ class HardwareProfile(BaseModel):
         ge=0, lt=1, description="Fraction by which compute slows while an NCCL kernel runs beside it."
     )
     overlap_source: str
+    host_sharing_slowdown: float = Field(
+        0.0, ge=0, lt=1, description="Fraction by which a device's compute slows while every other device of its "
+                                     "machine computes too (cores sharing caches and memory bandwidth); scaled by "
+                                     "the share of the machine's other devices a plan keeps busy.")
+    host_sharing_source: str = ("not measured; taken as 0: a GPU's SMs and memory are its own, and what its node's "
+                                "host shares (issuing work) is in the host block")
+    step_jitter: float = Field(
+        0.0, ge=0, lt=1, description="Relative standard deviation of a rank's compute between two synchronisations, "
+                                     "independent from rank to rank: what makes a pipeline stage wait for a late "
+                                     "input more often than the mean times say (simulator.jitter).")
+    step_jitter_source: str = ("not measured; taken as 0: each step takes its expected time, so a wait is the "
+                               "difference of expected times")
     ranges: dict[str, tuple[float, float]] = Field(
         default_factory=dict, description="Plausible (low, high) of this profile's own unpinned numbers "
                                           "(overlap_compute_slowdown).")

@@ -85,7 +85,7 @@ class SearchMemo:
 
     def __init__(self, req: SearchRequest, template: ParallelPlan, profile=None):
         self.model, self.cluster, self.template, self.profile = req.model, req.cluster, template, profile
-        self.batch = req.global_batch_size
+        self.batch, self.num_gpus = req.global_batch_size, req.num_gpus
         self.gpipe = template.schedule is PipelineSchedule.gpipe
         self._cost = None
         self._job: tuple[Candidate | None, Job | None] = (None, None)
@@ -179,8 +179,10 @@ class SearchMemo:
     @property
     def cost(self):
         if self._cost is None:
-            self._cost = cost_model_for(Job.model_construct(model=self.model, cluster=self.cluster,
-                                                            plan=self.template), self.profile)
+            # every candidate runs on the request's GPUs, which keep as many devices of a machine busy
+            whole = self.template.model_copy(update={"data_parallel_size": self.num_gpus})
+            self._cost = cost_model_for(Job.model_construct(model=self.model, cluster=self.cluster, plan=whole),
+                                        self.profile)
         return self._cost
 
     def screen_s(self, c: Candidate, plan: ParallelPlan) -> float:
@@ -205,7 +207,7 @@ class SearchMemo:
             if send is None:
                 send = self._send[key] = p2p_times(self.cost, self.job(c, plan))
         works = [stage_work(st, cm) for st, cm in zip(steps, comm)]
-        work = pipeline_work(plan, self._shapes[shape_key].kind_of, works, send)
+        work = pipeline_work(plan, self._shapes[shape_key].kind_of, works, send, self.cost.profile.step_jitter)
         return fast_iteration_time_s(work, plan.num_micro_batches)
 
     def _stage_comm(self, c: Candidate, plan: ParallelPlan, shape: _Shape, s: int):

@@ -81,10 +81,11 @@ def stage_work(steps: StageSteps, comm: StageCommunication) -> StageWork:
 
 
 def pipeline_work(plan: ParallelPlan, kind_of: tuple[int, ...], works: Sequence[StageWork],
-                  send: tuple[float, ...]) -> PipelineWork:
+                  send: tuple[float, ...], step_jitter: float = 0.0) -> PipelineWork:
     """The engine's work of every stage: ``works`` holds one per kind of stage, ``kind_of`` each stage's
-    kind (``stage_kinds``)."""
-    return PipelineWork(tuple(works[k] for k in kind_of), send, plan.overlap_grad_reduce, plan.overlap_p2p_comm)
+    kind (``stage_kinds``); ``step_jitter`` the profile's."""
+    return PipelineWork(tuple(works[k] for k in kind_of), send, plan.overlap_grad_reduce, plan.overlap_p2p_comm,
+                        step_jitter, plan.data_parallel_size)
 
 
 @lru_cache(maxsize=4096)

@@ -285,11 +285,14 @@ def cost_model_for(job: Job, profile):
         profile = default_profile(job.cluster.gpu.name)
     elif isinstance(profile, str):
         profile = load_profile(profile)
-    return cached_cost_model(job.cluster, profile, job.plan.precision)
+    from simulator.costs import busy_neighbours
+
+    return cached_cost_model(job.cluster, profile, job.plan.precision,
+                             busy_neighbours(job.cluster, job.plan.num_gpus))
 
 
 @lru_cache(maxsize=32)
-def cached_cost_model(cluster, profile, precision):
+def cached_cost_model(cluster, profile, precision, busy_neighbours: int = 0):
     from simulator.costs import build_cost_model
 
-    return build_cost_model(cluster, profile, precision)
+    return build_cost_model(cluster, profile, precision, busy_neighbours)

@@ -77,6 +77,84 @@ def test_fit_recovers_a_known_profile_and_predicts_held_out_gemms():
     assert len(held) == 1 and len(held[0].points) == len(result.held_out)
 
 
+def test_the_layer_gemms_are_given_back_as_timed_and_other_shapes_by_the_fit():
+    """A CPU's small attention GEMMs run slower than any smooth form of shape gives them: the layer's own
+    shapes keep their measured time, accumulating into a gradient buffer adds what the fit adds for it,
+    and shapes the layer does not have (the grid) stay the fit's."""
+    from simulator.costs import CostModel
+    from simulator.hardware import load_cluster
+    from simulator.layers import GemmShape, Op, OpKind
+    from simulator.plan import Precision
+
+    raw = _cpu_raw()
+    layer = [r for r in raw["gemm"] if not r["name"].startswith("grid.")]
+    slow = next(r for r in layer if r["batch"] > 1)
+    slow["time_s"] *= 1.6  # what no fitted shape term gives: the layer's batched GEMM off the form
+    profile = fit_profile(raw, check=False).profile
+    cost = CostModel(load_cluster("local-cpu"), profile, Precision.fp32)
+
+    def op(r, accumulate=0):
+        return Op("g", OpKind.batched_gemm if r["batch"] > 1 else OpKind.gemm,
+                  gemm=GemmShape(r["m"], r["n"], r["k"], r["batch"], accumulate))
+
+    for r in layer:
+        assert cost.op_time_s(op(r)) == pytest.approx(r["time_s"], rel=1e-12)
+    wgrad = next(r for r in layer if r["name"].endswith(".wgrad"))
+    fit_only = CostModel(load_cluster("local-cpu"),
+                         profile.model_copy(update={"gemm": profile.gemm.model_copy(update={"measured": None})}),
+                         Precision.fp32)
+    extra = fit_only.op_time_s(op(wgrad, 4)) - fit_only.op_time_s(op(wgrad))
+    assert extra > 0 and cost.op_time_s(op(wgrad, 4)) == pytest.approx(wgrad["time_s"] + extra, rel=1e-12)
+    for r in (r for r in raw["gemm"] if r["name"].startswith("grid.")):
+        if (r["m"], r["n"], r["k"], r["batch"]) not in {(x["m"], x["n"], x["k"], x["batch"]) for x in layer}:
+            assert cost.op_time_s(op(r)) == fit_only.op_time_s(op(r))
+    with pytest.raises(ValueError, match="repeat a shape"):
+        GemmParams.model_validate({**profile.gemm.model_dump(), "measured": (profile.gemm.measured[0],) * 2})
+
+
+@pytest.mark.parametrize("ratios, slowdown", [((1.10, 1.04, 1.06), 0.06), ((0.95, 0.97, 1.01), 0.0)])
+def test_ranks_sharing_the_machine_slow_each_others_compute_as_measured(ratios, slowdown):
+    """The median round of (every rank at once / one rank alone) less 1, never below 0; the cost model scales
+    a rank's compute (not its collectives) by it when the plan keeps the machine's other device busy."""
+    from simulator.costs import CostModel, busy_neighbours
+    from simulator.hardware import load_cluster
+    from simulator.ops import CollectiveKind, CollectiveOp, GemmShape, Op, OpKind
+    from simulator.plan import Precision
+
+    raw = _cpu_raw()
+    raw["shared_compute"] = {"ranks": 2, "alone_s": [0.01] * len(ratios), "together_s": [0.01 * r for r in ratios]}
+    profile = fit_profile(raw, check=False).profile
+    assert profile.host_sharing_slowdown == pytest.approx(slowdown, abs=1e-12)
+    assert profile.host_sharing_source.startswith("measured")
+    assert fit_profile(_cpu_raw(), check=False).profile.host_sharing_slowdown == 0.0  # not measured: 0
+    cpu = load_cluster("local-cpu")
+    assert (busy_neighbours(cpu, 1), busy_neighbours(cpu, 2), busy_neighbours(cpu, 8)) == (0, 1, 1)
+    gemm = Op("fc1", OpKind.gemm, gemm=GemmShape(256, 1024, 256, 1))
+    comm = Op("ar", OpKind.collective, collective=CollectiveOp(CollectiveKind.all_reduce, 1 << 20, 2, 1))
+    alone, shared = (CostModel(cpu, profile, Precision.fp32, n) for n in (0, 1))
+    assert shared.op_time_s(gemm) == pytest.approx(alone.op_time_s(gemm) * (1 + slowdown), rel=1e-12)
+    assert shared.op_time_s(comm) == alone.op_time_s(comm)
+    # a GPU node's published profile measured none: eight busy GPUs cost as one
+    a100 = load_cluster("dgx-a100-80gb")
+    p = default_profile(a100.gpu.name)
+    assert busy_neighbours(a100, 64) == 7
+    assert CostModel(a100, p, Precision.bf16, 7).op_time_s(gemm) == CostModel(a100, p, Precision.bf16).op_time_s(gemm)
+
+
+def test_a_ranks_own_spread_is_measured_apart_from_what_the_machine_does_to_all():
+    """Ranks' times in each round of the shared blocks: a drift of every rank alike (round to round) is not a
+    rank's jitter; a rank's gap to the round's mean is, as the normal spread with that mean gap."""
+    rng = np.random.default_rng(0)
+    drift = 1 + 0.3 * rng.random(400)  # the machine's speed, the same for both ranks in a round
+    own = rng.normal(0.0, 0.1, (2, 400))
+    raw = _cpu_raw()
+    raw["shared_compute"] = {"ranks": 2, "passes": 8, "alone_s": list(0.01 * drift),
+                             "together_s": list(0.01 * drift), "together_by_rank_s": (0.01 * (drift + own)).tolist()}
+    profile = fit_profile(raw, check=False).profile
+    assert profile.step_jitter == pytest.approx(0.1 / 1.15, rel=0.1) and profile.step_jitter_source.startswith("measured")
+    assert fit_profile(_cpu_raw(), check=False).profile.step_jitter == 0.0
+
+
 def _with_collectives(all_reduce_times_s: list[float]) -> dict:
     raw = _synthetic_raw()
     sizes = [2**e for e in range(12, 12 + 2 * len(all_reduce_times_s), 2)]
@@ -372,6 +450,37 @@ def test_a_noisy_kernel_sweep_keeps_the_fitted_fraction():
     rows[-1]["time_s"] = rows[-2]["time_s"] * 0.5  # a larger size twice as fast: noise, not a cache
     ew = fit_profile(raw, check=False).profile.elementwise
     assert ew.curve("layer_norm") is None and ew.curve("copy") is not None
+
+
+def test_a_backward_kernel_is_costed_as_timed_or_as_the_class_it_stood_for():
+    """A backward op's class is its forward's with _backward: a profile that timed it gives that time back; one
+    that did not (a published GPU profile) costs it as before: its forward class, or for a dropout's (which
+    only applies the mask) the residual add. A dropout of 0 is only the add."""
+    from simulator.ops import elementwise
+
+    assert elementwise("input_norm.backward", 2048, 4, 1, 4).kernel == "layer_norm_backward"
+    assert elementwise("softmax.mask.backward", 2048, 1, 1, 4).kernel == "copy_backward"
+    assert elementwise("attention_dropout.backward", 2048, 1, 1, 4, mask=True).kernel == "dropout_backward"
+    assert elementwise("mlp_dropout_add", 2048, 2, 1, 4, mask=False).kernel == "bias_add_residual"
+    assert elementwise("mlp_dropout_add.backward", 2048, 1, 1, 4, mask=False).kernel == "bias_add_residual_backward"
+    raw = _cpu_raw()
+    copies = [r for r in raw["elementwise"] if r["kernel"] == "copy"]
+    raw["elementwise"] += [{**r, "kernel": "bias_add_residual"} for r in copies]
+    timed = [{**r, "kernel": "dropout_backward", "time_s": 4 * r["time_s"]} for r in copies]  # mask convert, 2 muls
+    raw["elementwise"] += timed
+    gpu = load_gpu("cpu")
+    ew = fit_profile(raw, check=False).profile.elementwise
+    for r in timed:
+        assert float(elementwise_time_s(ew, gpu.hbm_bandwidth_gbps, r["bytes_moved"], "dropout_backward")) == \
+            pytest.approx(r["time_s"], rel=1e-9)
+    untimed = fit_profile({**raw, "elementwise": [r for r in raw["elementwise"] if r["kernel"] != "dropout_backward"]},
+                          check=False).profile.elementwise
+    for n in (1e5, 1e7):
+        assert float(elementwise_time_s(untimed, gpu.hbm_bandwidth_gbps, n, "dropout_backward")) == \
+            float(elementwise_time_s(untimed, gpu.hbm_bandwidth_gbps, n, "bias_add_residual"))
+        for kernel in ("layer_norm", "copy"):
+            assert float(elementwise_time_s(untimed, gpu.hbm_bandwidth_gbps, n, f"{kernel}_backward")) == \
+                float(elementwise_time_s(untimed, gpu.hbm_bandwidth_gbps, n, kernel))
 
 
 @pytest.mark.parametrize("curve, match", [

@@ -24,7 +24,8 @@ def pipelines(draw):
                              tuple(draw(times) for _ in range(v)), draw(times),
                              grad_buckets=tuple(draw(st.integers(1, 5)) for _ in range(v)))
                    for _ in range(p))
-    work = PipelineWork(stages, tuple(draw(times) for _ in range(p)), draw(st.booleans()), draw(st.booleans()))
+    work = PipelineWork(stages, tuple(draw(times) for _ in range(p)), draw(st.booleans()), draw(st.booleans()),
+                        draw(st.sampled_from((0.0, 0.0, 0.05, 0.3))), draw(st.integers(1, 4)))
     return p, m, v, kind, work
 
 

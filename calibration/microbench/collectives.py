@@ -103,7 +103,7 @@ def _layer_blocks(layer: LayerDims, gemms: list, dtype: torch.dtype, device: tor
         mark()
         torch.mm(y, fc1_w, out=fc1_out)
         mark()
-        torch.mm(torch.nn.functional.gelu(fc1_out, approximate="tanh"), fc2_w, out=fc2_out)
+        torch.mm(torch.nn.functional.gelu(fc1_out), fc2_w, out=fc2_out)
 
     return attention, mlp
 
@@ -113,6 +113,42 @@ MAX_TRIES = 3
 MODES = ("isolated", "in_loop")
 IN_LOOP_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 IN_LOOP_REPEATS = 3
+
+
+SHARED_ROUNDS, SHARED_PASSES = 48, 8  # rounds of (one rank alone, every rank at once), layer blocks timed in each
+
+
+def _shared_compute(blocks, rank: int, n: int, device: torch.device) -> dict:
+    """The layer's blocks timed on one rank alone and on every rank at once, by turns (each round's rank alone
+    in turn, the others waiting in a barrier, which does not spin), so that a slow drift of the machine's
+    speed falls on both alike: how much ranks sharing a machine (its cores' caches, memory bandwidth, power)
+    slow each other's compute, and how much one rank's time varies apart from the others' (the spread that makes
+    a pipeline stage wait). Per round, per pass of the blocks: the lone rank's time, each rank's shared time and
+    their mean."""
+    def passes() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for j in range(SHARED_PASSES):
+            blocks[j % 2](lambda: None)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - t0) / SHARED_PASSES
+
+    passes()  # warm-up
+    alone = torch.zeros(SHARED_ROUNDS, dtype=torch.float64, device=device)  # on the device: NCCL reduces there
+    together = torch.zeros(SHARED_ROUNDS, dtype=torch.float64, device=device)
+    for r in range(SHARED_ROUNDS):
+        dist.barrier()
+        if rank == r % n:
+            alone[r] = passes()
+        dist.barrier()
+        together[r] = passes()
+    dist.all_reduce(alone)  # one rank wrote each round's
+    by_rank = [torch.zeros_like(together) for _ in range(n)]
+    dist.all_gather(by_rank, together)
+    return {"ranks": n, "passes": SHARED_PASSES, "alone_s": alone.tolist(), "together_s": (sum(by_rank) / n).tolist(),
+            "together_by_rank_s": [t.tolist() for t in by_rank]}  # tolist() copies to the host
 
 
 def _spread(samples: list[float]) -> float:
@@ -214,6 +250,7 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
         compute_times.extend(x for x in (compute / n).tolist() if x == x)
         return (samples / n).tolist()
 
+    shared = _shared_compute(blocks, rank, n, device) if blocks is not None else None
     points, skipped = [], []
     floor_s, best_bw = 0.0, 0.0  # time ~ floor + bytes / bandwidth, rank 0's estimate
     for mode in modes:
@@ -260,7 +297,8 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
-        Path(out).write_text(json.dumps({"points": points, "skipped": skipped, "host": host}))
+        Path(out).write_text(json.dumps({"points": points, "skipped": skipped, "host": host,
+                                         "shared_compute": shared}))
 
 
 def _issue_cost(device: torch.device, dtype: torch.dtype, calls: int = 200) -> dict:

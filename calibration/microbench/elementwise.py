@@ -7,6 +7,7 @@ so the fit gives an achieved bandwidth and a fixed launch cost.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -15,24 +16,53 @@ import torch.nn.functional as F
 from calibration.microbench.timing import Budget, random_tensor, rotation_count, time_stable
 
 MASK_BYTES = 1
+DROPOUT = 0.1
 
 
-def _kernels(hidden: int, dtype: torch.dtype, device: torch.device) -> dict[str, tuple[Callable, int, int, int]]:
-    """name -> (fn(x, y), activation reads, writes, mask bytes per element)."""
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel class as the layer runs it: ``fn(x, y, aux)``, the activation tensors it reads and writes and
+    the mask bytes per element (the layer graph's accounting), and ``prepare(x, y)`` making the saved
+    tensors a backward kernel reads (untimed, once per rotated copy)."""
+
+    fn: Callable
+    reads: float
+    writes: float
+    mask_bytes: int = 0
+    prepare: Callable | None = None
+
+
+def _kernels(hidden: int, dtype: torch.dtype, device: torch.device) -> dict[str, Kernel]:
+    """Each forward kernel class and, as autograd runs it, its backward (``<class>_backward``, costed as the
+    forward class by a profile that did not time it)."""
     weight = torch.ones(hidden, dtype=dtype, device=device)
     bias = torch.zeros(hidden, dtype=dtype, device=device)
     return {
-        "layer_norm": (lambda x, y: F.layer_norm(x, (hidden,), weight, bias), 1, 1, 0),
-        "gelu": (lambda x, y: F.gelu(x, approximate="tanh"), 1, 1, 0),
-        # torch's native dropout writes the boolean mask it keeps for the backward pass
-        "dropout": (lambda x, y: torch.native_dropout(x, 0.1, True), 1, 1, MASK_BYTES),
-        "softmax": (lambda x, y: torch.softmax(x, dim=-1), 1, 1, 0),
-        "bias_add_residual": (lambda x, y: torch.add(x + bias, y), 2, 1, 0),
-        "copy": (lambda x, y: y.copy_(x), 1, 1, 0),
+        "layer_norm": Kernel(lambda x, y, aux: F.layer_norm(x, (hidden,), weight, bias), 1, 1),
+        "layer_norm_backward": Kernel(
+            lambda x, y, aux: torch.ops.aten.native_layer_norm_backward(y, x, (hidden,), *aux, weight, bias,
+                                                                        [True, True, True]), 4, 1,
+            prepare=lambda x, y: torch.ops.aten.native_layer_norm(x, (hidden,), weight, bias, 1e-5)[1:]),
+        # the reference loop's activation, Megatron's without bias-gelu fusion: the exact (erf) GeLU; on a CPU
+        # the tanh approximation of the fused kernel ran 4x slower at the layer's size
+        "gelu": Kernel(lambda x, y, aux: F.gelu(x), 1, 1),
+        "gelu_backward": Kernel(lambda x, y, aux: torch.ops.aten.gelu_backward(y, x), 2, 1),
+        # torch's native dropout writes the boolean mask it keeps for the backward pass ...
+        "dropout": Kernel(lambda x, y, aux: torch.native_dropout(x, DROPOUT, True), 1, 1, MASK_BYTES),
+        # ... which reads it back: the gradient times the mask, scaled
+        "dropout_backward": Kernel(
+            lambda x, y, aux: torch.ops.aten.native_dropout_backward(x, aux, 1.0 / (1.0 - DROPOUT)), 1, 1,
+            MASK_BYTES, prepare=lambda x, y: torch.native_dropout(y, DROPOUT, True)[1]),
+        "softmax": Kernel(lambda x, y, aux: torch.softmax(x, dim=-1), 1, 1),
+        "softmax_backward": Kernel(lambda x, y, aux: torch.ops.aten._softmax_backward_data(y, aux, -1, x.dtype), 2, 1,
+                                   prepare=lambda x, y: torch.softmax(x, dim=-1)),
+        "bias_add_residual": Kernel(lambda x, y, aux: torch.add(x + bias, y), 2, 1),
+        "copy": Kernel(lambda x, y, aux: y.copy_(x), 1, 1),
     }
 
 
-KERNELS = ("layer_norm", "gelu", "dropout", "softmax", "bias_add_residual", "copy")
+KERNELS = ("layer_norm", "layer_norm_backward", "gelu", "gelu_backward", "dropout", "dropout_backward", "softmax",
+           "softmax_backward", "bias_add_residual", "copy")
 
 
 def elementwise_sizes(quick: bool, device: str, layer_sizes: tuple[int, ...] = ()) -> list[int]:
@@ -52,7 +82,7 @@ def elementwise_sizes(quick: bool, device: str, layer_sizes: tuple[int, ...] = (
 
 def time_elementwise(kernel: str, numel: int, hidden: int, dtype: torch.dtype, device: torch.device, *,
                      warmup: int, repeats: int) -> dict:
-    fn, reads, writes, mask = _kernels(hidden, dtype, device)[kernel]
+    k = _kernels(hidden, dtype, device)[kernel]
     rows = max(1, numel // hidden)
     numel = rows * hidden
     esize = torch.empty((), dtype=dtype).element_size()
@@ -67,8 +97,10 @@ def time_elementwise(kernel: str, numel: int, hidden: int, dtype: torch.dtype, d
     x0, y0 = random_tensor((rows, hidden), dtype, device, gen), random_tensor((rows, hidden), dtype, device, gen)
     xs = [x0] + [x0.clone() for _ in range(sets - 1)]
     ys = [y0] + [y0.clone() for _ in range(sets - 1)]
-    timing = time_stable(lambda i: fn(xs[i % sets], ys[i % sets]), device, warmup=warmup, repeats=repeats)
-    moved = numel * (esize * (reads + writes) + mask)
+    aux = [k.prepare(x, y) for x, y in zip(xs, ys)] if k.prepare else [None] * sets
+    timing = time_stable(lambda i: k.fn(xs[i % sets], ys[i % sets], aux[i % sets]), device, warmup=warmup,
+                         repeats=repeats)
+    moved = numel * (esize * (k.reads + k.writes) + k.mask_bytes)
     t = timing.median_s
     return {"kernel": kernel, "numel": numel, "hidden": hidden, "dtype": str(dtype).removeprefix("torch."),
             "bytes_moved": moved, "time_s": t, "spread": timing.spread, "gbps": moved / t / 1e9, "repeats": repeats,

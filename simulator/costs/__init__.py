@@ -31,11 +31,15 @@ def _peak_flops(cluster: ClusterSpec, precision: Precision) -> float:
 class CostModel:
     """Times, in seconds, of the layer graph's ops, of DP/PP collectives and of pipeline transfers."""
 
-    def __init__(self, cluster: ClusterSpec, profile: HardwareProfile, precision: Precision):
+    def __init__(self, cluster: ClusterSpec, profile: HardwareProfile, precision: Precision, busy_neighbours: int = 0):
         self.cluster = cluster
         self.profile = profile
         self.precision = precision
         self.peak_flops = _peak_flops(cluster, precision)
+        # the other devices of the machine computing beside this one: the profile's slowdown is for all of them
+        others = cluster.devices_per_host - 1
+        self.busy_neighbours = min(busy_neighbours, others)
+        self.compute_scale = 1.0 + (profile.host_sharing_slowdown * self.busy_neighbours / others if others else 0.0)
         self.overlap_compute_slowdown = profile.overlap_compute_slowdown
         self.collectives = CollectiveModel(cluster, profile)
         self._dtype_bytes = precision.activation_bytes
@@ -55,7 +59,10 @@ class CostModel:
     def op_time_s(self, op: Op) -> float:
         t = self._ops.get(op)
         if t is None:
-            t = self._ops[op] = self._op_time_s(op)
+            t = self._op_time_s(op)
+            if op.kind is not OpKind.collective:
+                t *= self.compute_scale
+            self._ops[op] = t
         return t
 
     def _op_time_s(self, op: Op) -> float:
@@ -64,12 +71,19 @@ class CostModel:
             assert op.gemm is not None, op.name
             s = op.gemm
             if not s.grouped and s.batch > 1:  # separate kernels, e.g. experts without the grouped GEMM
-                return s.batch * self.op_time_s(Op(op.name, op.kind, flops=op.flops / s.batch,
+                return s.batch * self._op_time_s(Op(op.name, op.kind, flops=op.flops / s.batch,
                                                    gemm=GemmShape(s.m, s.n, s.k, 1, s.accumulate_bytes, s.fp8)))
             if s.fp8:
                 return self._fp8_gemm_time_s(s)
-            return float(gemm_time_s(p.gemm, self.peak_flops, gpu.sm_count, s.m, s.n, s.k, s.batch, self._dtype_bytes,
-                                     s.accumulate_bytes))
+            fitted = float(gemm_time_s(p.gemm, self.peak_flops, gpu.sm_count, s.m, s.n, s.k, s.batch,
+                                       self._dtype_bytes, s.accumulate_bytes))
+            measured = p.gemm.measured_time_s(s.m, s.n, s.k, s.batch, self._dtype_bytes)
+            if measured is None:
+                return fitted
+            # timed writing C; accumulating into a gradient buffer costs what the fitted form adds for it
+            plain = float(gemm_time_s(p.gemm, self.peak_flops, gpu.sm_count, s.m, s.n, s.k, s.batch,
+                                      self._dtype_bytes)) if s.accumulate_bytes else fitted
+            return measured + fitted - plain
         if op.kind is OpKind.elementwise:
             return (float(elementwise_time_s(p.elementwise, gpu.hbm_bandwidth_gbps, op.bytes_moved, op.kernel))
                     if op.bytes_moved else 0.0)
@@ -115,11 +129,19 @@ class CostModel:
         return float(gemm_efficiency(self.profile.gemm, self.cluster.gpu.sm_count, m, n, k, batch, self._dtype_bytes))
 
 
-def build_cost_model(cluster: ClusterSpec, profile: HardwareProfile, precision: Precision) -> CostModel:
-    """The cost model of ``cluster`` running at the speeds of ``profile``."""
+def busy_neighbours(cluster: ClusterSpec, world_size: int) -> int:
+    """How many other devices of a rank's machine a job of ``world_size`` ranks keeps computing: ranks fill a
+    machine's devices before the next machine's."""
+    return max(0, min(world_size, cluster.devices_per_host) - 1)
+
+
+def build_cost_model(cluster: ClusterSpec, profile: HardwareProfile, precision: Precision,
+                     busy_neighbours: int = 0) -> CostModel:
+    """The cost model of ``cluster`` running at the speeds of ``profile``, with ``busy_neighbours`` other
+    devices of each machine computing beside each device."""
     if profile.gpu.lower() != cluster.gpu.name.lower():
         raise ProfileError(
             f"profile {profile.name!r} describes GPU {profile.gpu!r} but cluster {cluster.name!r} has "
             f"{cluster.gpu.name!r}; use the profile of {cluster.gpu.name}"
         )
-    return CostModel(cluster, profile, precision)
+    return CostModel(cluster, profile, precision, busy_neighbours)

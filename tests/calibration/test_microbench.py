@@ -134,7 +134,8 @@ def test_attention_points_report_forward_and_backward_flops():
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_elementwise_bytes_follow_the_layer_graph_accounting(kernel):
     p = time_elementwise(kernel, 4096, 256, torch.float32, CPU, warmup=1, repeats=2)
-    per_element = {"bias_add_residual": 3 * 4, "dropout": 2 * 4 + 1}.get(kernel, 2 * 4)
+    per_element = {"bias_add_residual": 3 * 4, "dropout": 2 * 4 + 1, "dropout_backward": 2 * 4 + 1,
+                   "layer_norm_backward": 5 * 4, "gelu_backward": 3 * 4, "softmax_backward": 3 * 4}.get(kernel, 2 * 4)
     assert p["numel"] == 4096 and p["bytes_moved"] == 4096 * per_element and p["time_s"] > 0
 
 
@@ -172,6 +173,10 @@ def test_in_loop_collectives_follow_a_tp_ranks_layer_blocks():
     (point,) = res["points"]
     assert point["mode"] == "in_loop" and point["time_s"] > 0 and point["compute_shape"] == list(fc1)
     assert point["compute_s"] > 0
+    # the same blocks on one rank alone and on both at once, round by round
+    shared = res["shared_compute"]
+    assert shared["ranks"] == 2 and len(shared["alone_s"]) == len(shared["together_s"]) > 1
+    assert all(t > 0 for t in shared["alone_s"] + shared["together_s"])
 
 
 def test_measure_entry_point_on_cpu(tmp_path):
