@@ -62,17 +62,47 @@ def run_schedule(
     outputs: dict[tuple[int, int], torch.Tensor] = {}
     pending: list = []  # (work, tensor, timer name)
     loss_sum = torch.zeros((), device=device, dtype=torch.float32)
-    for i, step in enumerate(schedule[s]):
+    steps = schedule[s]
+
+    def receives(j: int) -> bool:
+        model_chunk = steps[j].chunk * p + s
+        return model_chunk > 0 if steps[j].phase is Phase.forward else model_chunk != total_chunks - 1
+
+    # Megatron's --overlap-p2p-communication: the receive of the next input is posted before this step's
+    # compute, so the peer's send lands while it runs (a transport that moves data only once the receive is
+    # posted, as gloo's and NCCL's do, would otherwise start it when the step asks for it)
+    posted: dict[int, tuple] = {}
+
+    def post(j: int) -> None:
+        if j < len(steps) and j not in posted and receives(j):
+            step = steps[j]
+            model_chunk = step.chunk * p + s
+            forward = step.phase is Phase.forward
+            buf = torch.empty(activation_shape, dtype=dtype, device=device)
+            src = groups.stage_rank((s - 1) % p if forward else (s + 1) % p)
+            posted[j] = (dist.irecv(buf, src=src, tag=_tag(step.micro_batch, model_chunk, not forward, total_chunks)),
+                         buf)
+
+    def post_next(after: int) -> None:
+        post(next((k for k in range(after + 1, len(steps)) if receives(k)), len(steps)))
+
+    def received(j: int, timer: str) -> torch.Tensor:
+        post(j)
+        work, buf = posted.pop(j)
+        with timed(timer):
+            work.wait()
+        post_next(j)
+        return buf
+
+    post_next(-1)
+    for i, step in enumerate(steps):
         mb, c = step.micro_batch, step.chunk
         model_chunk = c * p + s
         chunk = chunks[c]
         if step.phase is Phase.forward:
             hidden = None
             if model_chunk > 0:
-                with timed("forward-recv"):
-                    hidden = torch.empty(activation_shape, dtype=dtype, device=device)
-                    dist.recv(hidden, src=groups.stage_rank((s - 1) % p),
-                              tag=_tag(mb, model_chunk, False, total_chunks))
+                hidden = received(i, "forward-recv")
                 hidden.requires_grad_(True)
             with timed("forward-compute"):
                 tokens, targets = micro_batch(mb)
@@ -97,9 +127,7 @@ def run_schedule(
             out = outputs.pop((mb, c))
             grad = None
             if model_chunk != total_chunks - 1:
-                with timed("backward-recv"):
-                    grad = torch.empty(activation_shape, dtype=dtype, device=device)
-                    dist.recv(grad, src=groups.stage_rank((s + 1) % p), tag=_tag(mb, model_chunk, True, total_chunks))
+                grad = received(i, "backward-recv")
             if grads is not None and last_backward[c] == i:
                 grads[c].start_last_micro_batch()
             with timed("backward-compute"):
