@@ -253,11 +253,14 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
     shared = _shared_compute(blocks, rank, n, device) if blocks is not None else None
     points, skipped = [], []
     floor_s, best_bw = 0.0, 0.0  # time ~ floor + bytes / bandwidth, rank 0's estimate
+    # size by size, the kinds by turns: a slow spell of the machine then falls on every kind at the sizes it
+    # lasts, and the kinds' factors over the all-reduce (ratios) keep it out; kind by kind, one spell made a
+    # reduce-scatter 4-5x its neighbours at four sizes in a row, which no neighbour median takes out
     for mode in modes:
-        for kind in kinds:
-            if mode == "in_loop" and kind not in IN_LOOP_KINDS:
-                continue
-            for nbytes in sizes:
+        for nbytes in sizes:
+            for kind in kinds:
+                if mode == "in_loop" and kind not in IN_LOOP_KINDS:
+                    continue
                 numel = max(n, nbytes // esize // n * n)
                 # rank 0 decides whether the point fits the budget, so that every rank agrees
                 if rank == 0:
