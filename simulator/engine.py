@@ -206,17 +206,19 @@ def simulate(schedule: Schedule, work: PipelineWork, record: bool = False) -> En
                     yield ev
                     t_start, t_dur = sent_at[key]
                     res.transfer_wait_s += min(env.now - waited_from, env.now - max(t_start, waited_from), t_dur)
+                    res.wait_s += env.now - waited_from
                 if jitter:
                     t_start, t_dur = sent_at[key]
                     mean, var = clark_max(t_start + t_dur, sent_var[key], waited_from, var)[0], 0.0
                     if mean > env.now:
+                        res.wait_s += mean - env.now
                         yield env.timeout(mean - env.now)
-                res.wait_s += env.now - waited_from
             forward = step.phase is Phase.forward
             duration = sw.forward_s[step.chunk] if forward else sw.backward_s[step.chunk]
             start = env.now
             yield env.timeout(duration)
-            var += (jitter * duration) ** 2
+            if jitter:
+                var += (jitter * duration) ** 2
             res.busy_s += duration
             if record:
                 intervals.append(Interval(s, "compute", f"{'F' if forward else 'B'} mb{step.micro_batch} c{step.chunk}",

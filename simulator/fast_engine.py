@@ -161,7 +161,8 @@ def evaluate(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> 
                 duration = fwd_d[chunk] if forward else bwd_d[chunk]
                 start = t
                 t = start + duration
-                var += (jitter * duration) ** 2
+                if jitter:
+                    var += (jitter * duration) ** 2
                 b_s += duration
                 if fill_slot >= 0:
                     li, dur = (0, send_f) if forward else (1, send_b)
