@@ -5,8 +5,9 @@ input's arrival. Were both fixed, that is their maximum; when each rank's comput
 from step to step, independently of the other's, the expected start is later than the maximum of
 the expected times: the waiting stage loses whenever the input comes late and gains nothing when
 it comes early. With both times normal, the expected maximum and its variance are Clark's (1961)
-moments, which statistical timing analysis propagates through a graph as this engine does through
-a schedule: each step adds its own variance, each wait takes the two moments of the maximum.
+moments, which statistical timing analysis propagates through a graph as the engine does through a
+schedule: each step adds its own variance, and each wait takes the expected maximum, after which
+the stage's variance counts afresh (what both sides varied before lies behind both of them).
 """
 
 from __future__ import annotations
