@@ -157,6 +157,15 @@ def load_average() -> tuple[float, float, float] | None:
         return None
 
 
+def plan_as_run(plan):
+    """The plan the loop runs: its pipeline sends are non-blocking and the receive of the next input is posted
+    before each step's compute, which is Megatron's --overlap-p2p-communication whatever the plan asked, so
+    the record says that and a validation plays the transfers as they ran."""
+    if plan.pipeline_parallel_size > 1 and not plan.overlap_p2p_comm:
+        return plan.model_copy(update={"overlap_p2p_comm": True})
+    return plan
+
+
 def train(job: Job, device: torch.device, iterations: int, seed: int, lr: float,
           dump_dir: Path | None = None, threads: int | None = None) -> RunRecord | None:
     """Run ``iterations`` steps; rank 0 returns the record, the other ranks None."""
@@ -273,7 +282,7 @@ def _record(job: Job, groups: ParallelGroups, probe: LayerProbe | None, timers: 
     per_timer = {name: [[entry["timers"][i][name] for entry, _ in gathered] for i in range(len(times))]
                  for name in names}
     return RunRecord(
-        model=job.model, plan=job.plan, cluster=job.cluster.name, device=describe_device(device),
+        model=job.model, plan=plan_as_run(job.plan), cluster=job.cluster.name, device=describe_device(device),
         world_size=dist.get_world_size(), torch_version=torch.__version__, seed=seed, warmup_iterations=warmup,
         iteration_times_s=times, losses=losses, layers=sorted(layers, key=lambda r: r.index),
         peak_allocated_bytes_per_stage=peaks, threads_per_rank=threads, load_average=load, timers=per_timer,

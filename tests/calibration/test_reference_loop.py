@@ -494,3 +494,15 @@ def test_the_loop_refuses_attention_dropout_with_fused_attention_and_cp_other_th
     with pytest.raises(ConfigError, match="cp_comm_type 'a2a'; use the p2p ring"):
         check_supported(_job(NO_DROPOUT, context_parallel_size=2, attention_backend="auto", cp_comm_type="a2a"))
     check_supported(_job(HIDDEN_DROPOUT, context_parallel_size=2, attention_backend="auto"))
+
+
+def test_a_pipelined_run_records_the_overlapped_transfers_it_ran(runs):
+    """The loop's sends are non-blocking and each next receive is posted before the step's compute: Megatron's
+    --overlap-p2p-communication, which the record says even when the job did not ask for it, so that a
+    validation plays the transfers as they ran; every other field of the plan is the job's."""
+    asked = LAYOUTS["pp2"][1].plan
+    assert not asked.overlap_p2p_comm
+    recorded = runs["pp2"][0].plan
+    assert recorded.overlap_p2p_comm
+    assert recorded.model_copy(update={"overlap_p2p_comm": False}) == asked
+    assert runs["single"][0].plan == LAYOUTS["single"][1].plan  # no pipeline: nothing to say
