@@ -117,8 +117,8 @@ class GraphBuilder:
 # Which microbenchmarked kernel an elementwise op behaves like, by its name (first match wins). On a
 # GPU they are all bandwidth-bound; on a CPU a dropout's random numbers or GeLU's tanh cost far more
 # than their bytes, so a profile may give each class its own achieved bandwidth. The softmax's masked
-# fill is one pass over the scores with no reduction: a copy, not a softmax.
-_KERNEL_CLASSES = (("softmax.mask", "copy"), ("residual_grad_add", "bias_add_residual"),
+# fill is one pass over the scores with no reduction, a copy where a profile did not time it as a fill.
+_KERNEL_CLASSES = (("softmax.mask", "masked_fill"), ("residual_grad_add", "bias_add_residual"),
                    ("bias_grad", "bias_add_residual"),
                    ("norm", "layer_norm"), ("softmax", "softmax"), ("cross_entropy", "softmax"),
                    ("gelu", "gelu"), ("swiglu", "gelu"))

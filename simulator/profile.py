@@ -151,9 +151,9 @@ class GemmParams(_Block):
 
 # A backward kernel (``<class>_backward``) that a profile did not time is costed as its forward class, but for a
 # dropout's: it only applies the kept mask, one pass like the residual add on a GPU (Megatron's fused
-# bias-dropout-add backward). On a CPU torch runs each backward as its own kernels (the dropout's converts
+# bias-dropout-add backward). A masked fill untimed is the copy it is on a GPU. On a CPU torch runs each backward as its own kernels (the dropout's converts
 # the boolean mask and multiplies twice, several times the add's time), which a profile that timed them keeps.
-KERNEL_STAND_INS = {"dropout_backward": "bias_add_residual"}
+KERNEL_STAND_INS = {"dropout_backward": "bias_add_residual", "masked_fill": "copy"}
 BACKWARD_SUFFIX = "_backward"
 
 
@@ -196,9 +196,13 @@ class ElementwiseParams(_Block):
     def _measured_as(self, kernel: str) -> str:
         """The class whose figures stand for ``kernel``: its own where measured, else the class it was costed as
         before it had its own (a profile measured without it keeps its predictions)."""
-        if kernel in (self.kernel_fractions or {}) or kernel in (self.kernel_curves or {}):
-            return kernel
-        return KERNEL_STAND_INS.get(kernel, kernel.removesuffix(BACKWARD_SUFFIX))
+        measured = {**(self.kernel_fractions or {}), **(self.kernel_curves or {})}
+        while kernel not in measured:
+            stand_in = KERNEL_STAND_INS.get(kernel, kernel.removesuffix(BACKWARD_SUFFIX))
+            if stand_in == kernel:
+                break
+            kernel = stand_in
+        return kernel
 
     def fraction(self, kernel: str) -> float:
         return (self.kernel_fractions or {}).get(self._measured_as(kernel), self.achieved_fraction)

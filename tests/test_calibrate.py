@@ -455,11 +455,13 @@ def test_a_noisy_kernel_sweep_keeps_the_fitted_fraction():
 def test_a_backward_kernel_is_costed_as_timed_or_as_the_class_it_stood_for():
     """A backward op's class is its forward's with _backward: a profile that timed it gives that time back; one
     that did not (a published GPU profile) costs it as before: its forward class, or for a dropout's (which
-    only applies the mask) the residual add. A dropout of 0 is only the add."""
+    only applies the mask) the residual add; the causal mask's fill, as the copy. A dropout of 0 is only the
+    add."""
     from simulator.ops import elementwise
 
     assert elementwise("input_norm.backward", 2048, 4, 1, 4).kernel == "layer_norm_backward"
-    assert elementwise("softmax.mask.backward", 2048, 1, 1, 4).kernel == "copy_backward"
+    assert elementwise("softmax.mask.backward", 2048, 1, 1, 4).kernel == "masked_fill_backward"
+    assert elementwise("qkv.split.backward", 2048, 1, 1, 4).kernel == "copy_backward"
     assert elementwise("attention_dropout.backward", 2048, 1, 1, 4, mask=True).kernel == "dropout_backward"
     assert elementwise("mlp_dropout_add", 2048, 2, 1, 4, mask=False).kernel == "bias_add_residual"
     assert elementwise("mlp_dropout_add.backward", 2048, 1, 1, 4, mask=False).kernel == "bias_add_residual_backward"
@@ -481,6 +483,10 @@ def test_a_backward_kernel_is_costed_as_timed_or_as_the_class_it_stood_for():
         for kernel in ("layer_norm", "copy"):
             assert float(elementwise_time_s(untimed, gpu.hbm_bandwidth_gbps, n, f"{kernel}_backward")) == \
                 float(elementwise_time_s(untimed, gpu.hbm_bandwidth_gbps, n, kernel))
+        # an untimed masked fill, forward or backward, is the copy it was costed as
+        for kernel in ("masked_fill", "masked_fill_backward"):
+            assert float(elementwise_time_s(untimed, gpu.hbm_bandwidth_gbps, n, kernel)) == \
+                float(elementwise_time_s(untimed, gpu.hbm_bandwidth_gbps, n, "copy"))
 
 
 @pytest.mark.parametrize("curve, match", [

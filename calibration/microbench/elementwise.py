@@ -56,13 +56,27 @@ def _kernels(hidden: int, dtype: torch.dtype, device: torch.device) -> dict[str,
         "softmax": Kernel(lambda x, y, aux: torch.softmax(x, dim=-1), 1, 1),
         "softmax_backward": Kernel(lambda x, y, aux: torch.ops.aten._softmax_backward_data(y, aux, -1, x.dtype), 2, 1,
                                    prepare=lambda x, y: torch.softmax(x, dim=-1)),
+        # the causal mask filled into the scores in place (Megatron's attention_mask_func), the [s, s] boolean
+        # mask broadcast over the heads; its backward fills the gradient's masked places with 0
+        "masked_fill": Kernel(lambda x, y, aux: x.view(-1, *aux.shape).masked_fill_(aux, -10000.0), 1, 1,
+                              prepare=lambda x, y: _causal_mask(x)),
+        "masked_fill_backward": Kernel(lambda x, y, aux: y.view(-1, *aux.shape).masked_fill(aux, 0.0), 1, 1,
+                                       prepare=lambda x, y: _causal_mask(x)),
         "bias_add_residual": Kernel(lambda x, y, aux: torch.add(x + bias, y), 2, 1),
         "copy": Kernel(lambda x, y, aux: y.copy_(x), 1, 1),
     }
 
 
 KERNELS = ("layer_norm", "layer_norm_backward", "gelu", "gelu_backward", "dropout", "dropout_backward", "softmax",
-           "softmax_backward", "bias_add_residual", "copy")
+           "softmax_backward", "masked_fill", "masked_fill_backward", "bias_add_residual", "copy")
+
+
+def _causal_mask(x: torch.Tensor) -> torch.Tensor:
+    """A causal [s, s] mask over x's last dimension s, broadcast over its rows in blocks of s (fewer rows: one
+    block of them)."""
+    rows, s = x.shape
+    block = s if rows % s == 0 else rows
+    return torch.ones((block, s), dtype=torch.bool, device=x.device).triu(1)
 
 
 def elementwise_sizes(quick: bool, device: str, layer_sizes: tuple[int, ...] = ()) -> list[int]:
