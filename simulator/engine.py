@@ -204,11 +204,11 @@ def simulate(schedule: Schedule, work: PipelineWork, record: bool = False) -> En
                 waited_from = env.now
                 if not ev.processed:
                     yield ev
-                    t_start, t_dur = sent_at[key]
+                t_start, t_dur = sent_at[key]
+                if env.now > waited_from:
                     res.transfer_wait_s += min(env.now - waited_from, env.now - max(t_start, waited_from), t_dur)
                     res.wait_s += env.now - waited_from
                 if jitter:
-                    t_start, t_dur = sent_at[key]
                     mean, var = clark_max(t_start + t_dur, sent_var[key], waited_from, var)[0], 0.0
                     if mean > env.now:
                         res.wait_s += mean - env.now

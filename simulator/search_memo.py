@@ -180,9 +180,8 @@ class SearchMemo:
     def cost(self):
         if self._cost is None:
             # every candidate runs on the request's GPUs, which keep as many devices of a machine busy
-            whole = self.template.model_copy(update={"data_parallel_size": self.num_gpus})
-            self._cost = cost_model_for(Job.model_construct(model=self.model, cluster=self.cluster, plan=whole),
-                                        self.profile)
+            self._cost = cost_model_for(Job.model_construct(model=self.model, cluster=self.cluster,
+                                                            plan=self.template), self.profile, self.num_gpus)
         return self._cost
 
     def screen_s(self, c: Candidate, plan: ParallelPlan) -> float:

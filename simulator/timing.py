@@ -276,9 +276,10 @@ def _extra_times(model: ModelSpec, key: LayerKey, cost: OpCoster) -> StageExtraT
                            play([out.forward], cost), play([out.backward], cost, backward=(True,)))
 
 
-def cost_model_for(job: Job, profile):
+def cost_model_for(job: Job, profile, num_gpus: int | None = None):
     """The (cached) cost model of the job's cluster under ``profile``: None for the GPU's published
-    profile, a name or path to load, or a ``HardwareProfile``."""
+    profile, a name or path to load, or a ``HardwareProfile``; for a job on ``num_gpus`` GPUs (default the
+    job's own), which sets how many devices of a machine compute beside each one."""
     from simulator.profile import default_profile, load_profile
 
     if profile is None:
@@ -288,7 +289,7 @@ def cost_model_for(job: Job, profile):
     from simulator.costs import busy_neighbours
 
     return cached_cost_model(job.cluster, profile, job.plan.precision,
-                             busy_neighbours(job.cluster, job.plan.num_gpus))
+                             busy_neighbours(job.cluster, num_gpus or job.plan.num_gpus))
 
 
 @lru_cache(maxsize=32)
