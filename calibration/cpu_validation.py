@@ -166,7 +166,8 @@ def _calibrate(path: Path, raw: Path, *, quick: bool, budget_s: float | None, la
                 "fit_errors": [vars(e) for e in result.fit_errors], "notes": result.notes,
                 "link": {"latency_s": link.latency_s, "max_busbw_gbps": link.max_busbw_gbps,
                          "half_size_bytes": link.half_size_bytes, "ramp_exponent": link.ramp_exponent},
-                "host": p.host.model_dump(exclude={"sources", "fits", "ranges"}) if p.host else None}
+                "host": p.host.model_dump(exclude={"sources", "fits", "ranges"}) if p.host else None,
+                "sequence_slowdown": p.sequence_slowdown, "host_sharing_slowdown": p.host_sharing_slowdown}
     raise ProfileError(f"the CPU calibration was refused {attempts} times (last: {refusals[-1]}); run it again "
                        "when the machine is quiet")
 
@@ -389,12 +390,15 @@ def render(session: Session, out: Path) -> str:
                      f"{'met' if met else 'missed'} |")
     lines += ["", f"Phases shorter than {MIN_PHASE_SHARE:.0%} of their iteration are listed but not judged.", "",
               "## Profiles", "",
-              "| profile | attempts | load at start / end | link latency per step | link busbw | host per op |",
-              "|---|---|---|---|---|---|"]
+              "| profile | attempts | load at start / end | link latency per step | link busbw | host per op | "
+              "ops in a step against alone | ranks sharing the cores |",
+              "|---|---|---|---|---|---|---|---|"]
     for c in session.calibrations:
         host = f"{c['host']['op_s'] * 1e6:.1f} us" if c.get("host") else "-"
+        factors = [f"{c[k]:+.1%}" if c.get(k) is not None else "-" for k in ("sequence_slowdown", "host_sharing_slowdown")]
         lines.append(f"| `{c['path']}` | {c['attempts']} | {_load(c['load_at_start'])} / {_load(c['load_at_end'])} | "
-                     f"{c['link']['latency_s'] * 1e6:.0f} us | {c['link']['max_busbw_gbps']:.3g} GB/s | {host} |")
+                     f"{c['link']['latency_s'] * 1e6:.0f} us | {c['link']['max_busbw_gbps']:.3g} GB/s | {host} | "
+                     f"{factors[0]} | {factors[1]} |")
     lines += ["", "Fit errors (rms / max of (model - measured) / measured over each block's points):", "",
               "| block | " + " | ".join(f"`{c['path']}`" for c in session.calibrations) + " |",
               "|---|" + "---|" * len(session.calibrations)]

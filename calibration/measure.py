@@ -32,6 +32,7 @@ from calibration.microbench.collectives import collective_sizes, run_collectives
 from calibration.microbench.elementwise import elementwise_sizes, run_elementwise
 from calibration.microbench.gemm import held_out_keys, run_gemms
 from calibration.microbench.host import run_host
+from calibration.microbench.sequence import run_sequence
 from calibration.microbench.shapes import (
     LayerDims,
     grid_gemms,
@@ -40,8 +41,11 @@ from calibration.microbench.shapes import (
 )
 from calibration.microbench.timing import Budget
 
-SECTIONS = ("gemm", "attention", "elementwise", "collectives", "host")
-SHARES = {"gemm": 0.37, "attention": 0.18, "elementwise": 0.15, "collectives": 0.25, "host": 0.05}
+# the sequence first: it times the layers as a training process runs them, before the kernel benchmarks' large
+# buffers have moved the allocator's thresholds (after them its ops run measurably less slowed than in a step)
+SECTIONS = ("sequence", "gemm", "attention", "elementwise", "collectives", "host")
+SHARES = {"gemm": 0.37, "attention": 0.18, "elementwise": 0.15, "collectives": 0.25, "host": 0.05, "sequence": 0.05}
+SEQUENCE_ROUNDS = {False: 16, True: 8}  # rounds of (the layers as a step runs them, their ops alone); by --quick
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # the model whose layer GEMMs are measured, per device: GPT-3 175B at TP 8 on a GPU (Korthikanti
 # Table 3), GPT-3 125M on a CPU at a short sequence so a quick run stays within a couple of minutes
@@ -210,7 +214,7 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                      "threads": threads, "collective_modes": list(modes),
                      "layer": {k: getattr(layer, k) for k in layer.__dataclass_fields__},
                      "in_loop_layer": {k: getattr(group_layer, k) for k in group_layer.__dataclass_fields__}},
-        "gemm": [], "attention": [], "elementwise": [], "collectives": [], "host": [], "sections": {},
+        "gemm": [], "attention": [], "elementwise": [], "collectives": [], "host": [], "sequence": {}, "sections": {},
     }
     log(f"measuring {raw['device']['name']} ({args.device}, {dtype_name}), torch {torch.__version__}, "
         f"budget {total_s:.0f} s, sections {','.join(sections)}")
@@ -263,13 +267,20 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                 if gpu and not raw.get("collective_host"):
                     # one GPU: the host cost of issuing an NCCL call, in a group of one
                     raw["collective_host"] = single_rank_issue_cost(device, dtype)
+            elif section == "sequence":
+                if gpu:
+                    info["status"] = "skipped"
+                    info["error"] = ("on a GPU the host issues ahead of the kernels, so a kernel in a step runs as it "
+                                     "does alone; what issuing costs is the host section's")
+                else:
+                    raw["sequence"] = run_sequence(layer, dtype, device, budget, rounds=SEQUENCE_ROUNDS[args.quick])
         except Exception as exc:  # one broken section must not lose the others
             info["status"] = "failed"
             info["error"] = f"{type(exc).__name__}: {exc}"
             log(traceback.format_exc())
         info["elapsed_s"] = round(budget.elapsed_s(), 2)
         raw["sections"][section] = info
-        n = len(raw.get(section, []))
+        n = len(raw.get(section, {}).get("rounds", [])) if section == "sequence" else len(raw.get(section, []))
         log(f"[{section}] {info['status']}: {n} points in {info['elapsed_s']:.1f} s of {info['budget_s']:.0f} s"
             + (f"; skipped {len(info['skipped'])} that would overrun" if info["skipped"] else "")
             + (f"; {info['error']}" if info["error"] else ""))

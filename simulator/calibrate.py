@@ -69,6 +69,7 @@ _REQUIRED = {
 _NUMERIC = {"m", "n", "k", "batch", "batch_heads", "seq", "head_dim", "bytes_moved", "bytes", "group_size", "time_s"}
 _TEXT = ("dtype", "impl", "pass", "kernel", "kind", "backend", "name")
 _FLAGS = ("causal", "held_out")
+_SEQUENCE_KEYS = ("loop_forward_s", "loop_backward_s", "alone_forward_s", "alone_backward_s")
 _MAX_SIZE = 1e15
 _MAX_TIME_S = 86_400.0
 
@@ -164,11 +165,32 @@ def read_raw(path: str | Path) -> dict:
                 if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= top:
                     raise ProfileError(f"raw points {where}: {section} point {i} has {key}={short_repr(x)}; it must be "
                                        f"a positive number of at most {top:g}, measure again")
+    _check_sequence(data.get("sequence"), where)
     for section in ("gemm", "elementwise"):
         if not data.get(section):
             raise ProfileError(f"raw points {where} hold no {section} points, which every profile needs; "
                                f"measure again with the {section} section")
     return data
+
+
+def _check_sequence(seq, where: str) -> None:
+    """The sequence section: absent, or rounds of four positive times and counts of ops that are whole numbers."""
+    if seq is None or seq == {}:
+        return
+    rounds = seq.get("rounds") if isinstance(seq, dict) else None
+    if not isinstance(rounds, list) or any(not isinstance(r, dict) for r in rounds):
+        raise ProfileError(f"raw points {where}: 'sequence' must be the mapping with a list of rounds that "
+                           "calibration.measure writes; measure again")
+    for key in ("ops_forward", "ops_backward"):
+        x = seq.get(key, 0)
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            raise ProfileError(f"raw points {where}: sequence {key}={short_repr(x)} must be a count of ops; measure again")
+    for i, r in enumerate(rounds):
+        for key in _SEQUENCE_KEYS:
+            x = r.get(key)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= _MAX_TIME_S:
+                raise ProfileError(f"raw points {where}: sequence round {i} has {key}={short_repr(x)}; it must be "
+                                   f"a positive number of seconds, measure again")
 
 
 def measure(device: str, raw_out: Path, *, quick: bool = False, budget_s: float | None = None,
@@ -555,6 +577,34 @@ def _step_jitter(raw: dict) -> tuple[float, str]:
                     f"over the mean time ({span_ms:.3g} ms spans)")
 
 
+def _sequence_slowdown(raw: dict, host) -> tuple[float, str, list[str]]:
+    """How much slower a step's ops run in sequence than each alone: per round of the sequence section (the
+    reference loop's layers forward and backward as a step runs them, then each of their ops repeated alone,
+    by turns), the step's time less what the host block charges for issuing its ops, over the ops' time alone;
+    the median round's ratio less 1, held at 0 (a round below is the machine's noise)."""
+    seq = raw.get("sequence") or {}
+    rounds = [r for r in seq.get("rounds", []) if r["alone_forward_s"] + r["alone_backward_s"] > 0]
+    if not rounds:
+        return 0.0, ("not measured (no sequence timing in the raw points); taken as 0: an op in a step costs what "
+                     "it costs repeated alone"), []
+    issue_s = 0.0
+    if host is not None:  # issuing is the host block's (added to each op), not the kernels'
+        issue_s = seq.get("ops_forward", 0) * host.op_s + seq.get("ops_backward", 0) * host.backward_op_s
+    ratios = [(r["loop_forward_s"] + r["loop_backward_s"] - issue_s) / (r["alone_forward_s"] + r["alone_backward_s"])
+              for r in rounds]
+    median = statistics.median(ratios)
+    forward = statistics.median(r["loop_forward_s"] / r["alone_forward_s"] for r in rounds if r["alone_forward_s"] > 0)
+    backward = statistics.median(r["loop_backward_s"] / r["alone_backward_s"] for r in rounds
+                                 if r["alone_backward_s"] > 0)
+    source = (f"measured: {seq.get('layers')} of the reference loop's layers forward and backward as a step runs "
+              f"them ({seq.get('ops_forward')} + {seq.get('ops_backward')} ops), then each op repeated alone, by "
+              f"turns over {len(ratios)} rounds; the median round's step time (less the host block's issue "
+              f"cost) over its ops' time alone, less 1 (rounds {min(ratios) - 1:+.0%} to {max(ratios) - 1:+.0%}; "
+              f"forward {forward - 1:+.0%}, backward {backward - 1:+.0%})")
+    note = f"ops ran {median - 1:+.0%} slower in a step's sequence than alone (median of {len(ratios)} rounds)"
+    return min(max(0.0, median - 1.0), 1.99), source, [note]
+
+
 SWEEP_NOISE = 0.10
 
 
@@ -600,6 +650,8 @@ def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = Non
     sharing, sharing_src, sharing_notes = _host_sharing(raw)
     notes += sharing_notes
     jitter, jitter_src = _step_jitter(raw)
+    sequence, sequence_src, sequence_notes = _sequence_slowdown(raw, host)
+    notes += sequence_notes
     skipped = {s: len(i.get("skipped", [])) for s, i in raw.get("sections", {}).items() if i.get("skipped")}
     if skipped:
         notes.append(f"points skipped to stay within the time budget: {skipped}")
@@ -612,7 +664,7 @@ def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = Non
         gemm=gemm, elementwise=elementwise, attention=attention, collectives=collectives, host=host,
         overlap_compute_slowdown=overlap, overlap_source=overlap_src,
         host_sharing_slowdown=sharing, host_sharing_source=sharing_src, step_jitter=jitter,
-        step_jitter_source=jitter_src,
+        step_jitter_source=jitter_src, sequence_slowdown=sequence, sequence_source=sequence_src,
         notes="; ".join([f"measured with calibration.measure, settings {json.dumps(raw.get('settings', {}), sort_keys=True)}"]
                         + notes),
     )

@@ -383,6 +383,13 @@ class HardwareProfile(BaseModel):
                                      "input more often than the mean times say (simulator.jitter).")
     step_jitter_source: str = ("not measured; taken as 0: each step takes its expected time, so a wait is the "
                                "difference of expected times")
+    sequence_slowdown: float = Field(
+        0.0, ge=0, lt=2, description="Fraction by which a training step's ops run slower one after another, as "
+                                     "autograd issues them, than each repeated alone as the kernel benchmarks time "
+                                     "them (each finding the caches and the allocator as the previous op left "
+                                     "them); applied to the forward, backward and recompute compute ops.")
+    sequence_source: str = ("not measured; taken as 0: an op in a step costs what it costs repeated alone (on a GPU "
+                            "the host issues ahead, and a kernel's start waits for no bookkeeping of the last)")
     ranges: dict[str, tuple[float, float]] = Field(
         default_factory=dict, description="Plausible (low, high) of this profile's own unpinned numbers "
                                           "(overlap_compute_slowdown).")

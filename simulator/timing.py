@@ -141,6 +141,7 @@ def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | 
     backward = backward or (False,) * len(graphs)
     asynchronous = getattr(cost, "asynchronous", True)
     host_time = getattr(cost, "host_time_s", None)
+    step_time = getattr(cost, "step_op_time_s", cost.op_time_s)
     stream_free = {Stream.compute: 0.0, Stream.tp_comm: 0.0}
     cold_free = {Stream.compute: 0.0, Stream.tp_comm: 0.0}
     intervals: list[OpInterval] = []
@@ -154,7 +155,7 @@ def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | 
         for op in ordered_ops(graph):
             name, stream = op.name, op.stream
             preds = tuple(graph.predecessors(name))
-            t = cost.op_time_s(op)
+            t = step_time(op)
             host = host_time(op, is_backward) if host_time is not None else 0.0
             if asynchronous:
                 ready = max((end[p] for p in preds), default=t0)

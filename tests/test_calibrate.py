@@ -155,6 +155,61 @@ def test_a_ranks_own_spread_is_measured_apart_from_what_the_machine_does_to_all(
     assert fit_profile(_cpu_raw(), check=False).profile.step_jitter == 0.0
 
 
+def _sequence_rounds(ratios, alone_forward_s=0.02, alone_backward_s=0.03) -> list[dict]:
+    return [{"loop_forward_s": alone_forward_s * r, "loop_backward_s": alone_backward_s * r,
+             "alone_forward_s": alone_forward_s, "alone_backward_s": alone_backward_s} for r in ratios]
+
+
+@pytest.mark.parametrize("ratios, slowdown", [((1.30, 1.20, 1.35, 1.28, 1.9), 0.30), ((0.97, 0.99, 1.01), 0.0)])
+def test_ops_in_a_step_are_slowed_as_measured_against_the_same_ops_alone(ratios, slowdown):
+    """The median round of (the layers as a step runs them, less the host block's issue cost) over (their ops
+    alone) less 1, never below 0; one slow round does not move it."""
+    raw = _cpu_raw()
+    raw["sequence"] = {"layers": 4, "ops_forward": 0, "ops_backward": 0, "rounds": _sequence_rounds(ratios)}
+    profile = fit_profile(raw, check=False).profile
+    assert profile.sequence_slowdown == pytest.approx(slowdown, abs=1e-12)
+    assert profile.sequence_source.startswith("measured")
+    assert fit_profile(_cpu_raw(), check=False).profile.sequence_slowdown == 0.0  # not measured: 0
+    # what the host block charges for issuing the ops is not counted again
+    raw["sequence"].update(ops_forward=1000, ops_backward=2000)
+    host = fit_profile(raw, check=False).profile.host
+    issue_s = 1000 * host.op_s + 2000 * host.backward_op_s
+    assert issue_s > 0
+    expected = sorted((0.05 * r - issue_s) / 0.05 for r in ratios)[len(ratios) // 2] - 1
+    assert fit_profile(raw, check=False).profile.sequence_slowdown == pytest.approx(max(expected, 0.0), abs=1e-12)
+
+
+def test_the_step_slowdown_scales_the_layers_compute_and_nothing_else():
+    """A layer's forward and backward (and the embedding's, the loss's) scale by 1 + the slowdown on a device
+    whose every op runs in turn; the collectives between them and the optimizer step do not."""
+    from simulator.costs import CostModel
+    from simulator.hardware import load_cluster
+    from simulator.ops import CollectiveKind, CollectiveOp, GemmShape, Op, OpKind
+    from simulator.plan import Precision
+    from simulator.timing import play
+
+    base = fit_profile(_cpu_raw(), check=False).profile.model_copy(update={"host": None})
+    cpu = load_cluster("local-cpu")
+    plain, slowed = (CostModel(cpu, base.model_copy(update={"sequence_slowdown": s}), Precision.fp32) for s in (0, 0.3))
+    gemm = Op("fc1", OpKind.gemm, gemm=GemmShape(256, 1024, 256, 1))
+    comm = Op("ar", OpKind.collective, collective=CollectiveOp(CollectiveKind.all_reduce, 1 << 20, 2, 1))
+    optimizer = Op("optimizer", OpKind.elementwise, bytes_moved=1 << 24)
+    assert slowed.step_op_time_s(gemm) == pytest.approx(1.3 * plain.step_op_time_s(gemm), rel=1e-12)
+    assert slowed.step_op_time_s(comm) == plain.step_op_time_s(comm)
+    assert slowed.op_time_s(optimizer) == plain.op_time_s(optimizer)
+    from simulator.layers import transformer_layer
+    from simulator.model import ModelSpec
+    from simulator.plan import ParallelPlan
+
+    layer = transformer_layer(ModelSpec(name="m", num_layers=2, hidden_size=256, num_attention_heads=8,
+                                        vocab_size=2048, seq_length=256),
+                              ParallelPlan(micro_batch_size=1, global_batch_size=1, precision="fp32",
+                                           attention_backend="unfused"))
+    for graph in (layer.forward, layer.backward):
+        a, b = play([graph], plain), play([graph], slowed)
+        assert b.duration_s == pytest.approx(1.3 * a.duration_s, rel=1e-9) and a.duration_s > 0
+
+
 def _with_collectives(all_reduce_times_s: list[float]) -> dict:
     raw = _synthetic_raw()
     sizes = [2**e for e in range(12, 12 + 2 * len(all_reduce_times_s), 2)]
@@ -202,6 +257,9 @@ def test_devices_map_to_gpu_specs():
     (lambda r: r["gemm"][0].pop("m"), "lacks \\['m'\\]"),
     (lambda r: r.update(elementwise=[]), "no elementwise points"),
     (lambda r: r.update(device={"kind": "tpu"}), "kind 'cuda' or 'cpu'"),
+    (lambda r: r.update(sequence={"rounds": [{"loop_forward_s": 0.1}]}), "sequence round 0 has loop_backward_s=None"),
+    (lambda r: r.update(sequence={"rounds": "fast"}), "'sequence' must be the mapping"),
+    (lambda r: r.update(sequence={"ops_forward": -3, "rounds": []}), "sequence ops_forward=-3"),
 ])
 def test_bad_raw_files_are_one_profile_error(tmp_path, mutate, match):
     raw = _synthetic_raw()

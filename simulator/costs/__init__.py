@@ -41,6 +41,8 @@ class CostModel:
         self.busy_neighbours = min(busy_neighbours, others)
         self.compute_scale = 1.0 + (profile.host_sharing_slowdown * self.busy_neighbours / others if others else 0.0)
         self.overlap_compute_slowdown = profile.overlap_compute_slowdown
+        # a step's ops one after another, not each alone (the optimizer's streaming kernels are timed as it runs them)
+        self.in_step_scale = 1.0 + profile.sequence_slowdown
         self.collectives = CollectiveModel(cluster, profile)
         self._dtype_bytes = precision.activation_bytes
         self._ops: dict[Op, float] = {}
@@ -64,6 +66,11 @@ class CostModel:
                 t *= self.compute_scale
             self._ops[op] = t
         return t
+
+    def step_op_time_s(self, op: Op) -> float:
+        """``op`` inside a training step's forward, backward or recompute, among the step's other ops."""
+        t = self.op_time_s(op)
+        return t if op.kind is OpKind.collective else t * self.in_step_scale
 
     def _op_time_s(self, op: Op) -> float:
         p, gpu = self.profile, self.cluster.gpu

@@ -179,6 +179,24 @@ def test_in_loop_collectives_follow_a_tp_ranks_layer_blocks():
     assert all(t > 0 for t in shared["alone_s"] + shared["together_s"])
 
 
+def test_the_sequence_benchmark_times_the_loops_layers_and_replays_the_same_ops_alone():
+    """One round is the reference layers' forward and backward as a step runs them, and every aten op they ran
+    (the backward's apart) repeated alone: both positive, the op counts those of the recorded pass."""
+    from calibration.microbench.sequence import SEQUENCE_LAYERS, run_sequence
+    from calibration.microbench.shapes import LayerDims
+
+    layer = LayerDims(64, 4, 256, 32, 2, 2)
+    out = run_sequence(layer, torch.float32, torch.device("cpu"), Budget(30.0), rounds=2)
+    assert out["layers"] == SEQUENCE_LAYERS and out["layer"]["tensor_parallel_size"] == 2
+    # every layer's forward has its GEMMs, dropouts and norms; the backward replays more ops than that
+    assert 10 * SEQUENCE_LAYERS < out["ops_forward"] < out["ops_backward"]
+    assert len(out["rounds"]) == 2
+    for r in out["rounds"]:
+        assert all(r[k] > 0 for k in ("loop_forward_s", "loop_backward_s", "alone_forward_s", "alone_backward_s"))
+    none = run_sequence(layer, torch.float32, torch.device("cpu"), Budget(0.0), rounds=3)
+    assert len(none["rounds"]) == 1  # the first round always, then only what fits
+
+
 def test_measure_entry_point_on_cpu(tmp_path):
     out = tmp_path / "raw.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -206,7 +224,7 @@ def test_gpu_session_script_dry_run_on_the_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "out"
     raw = json.loads((out / "raw.json").read_text())
-    assert set(raw["sections"]) == {"gemm", "attention", "elementwise", "collectives", "host"}
+    assert set(raw["sections"]) == {"sequence", "gemm", "attention", "elementwise", "collectives", "host"}
     assert all(info["status"] == "done" for info in raw["sections"].values()), raw["sections"]
     assert raw["settings"]["layer"]["hidden_size"] == 64  # the tiny model's shapes, not GPT-3's
     assert {p["kind"] for p in raw["collectives"]} == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
