@@ -135,11 +135,10 @@ def _prober(model_path: Path, session: Session, seconds: float, log):
 
 
 def _layer_args(model_path: Path) -> list[str]:
+    from simulator.calibrate import layer_arguments
     from simulator.model import load_model
 
-    m = load_model(str(model_path))
-    return ["--hidden", str(m.hidden_size), "--heads", str(m.num_attention_heads), "--ffn", str(m.ffn_size),
-            "--seq", str(m.seq_length)]
+    return layer_arguments(load_model(str(model_path)))
 
 
 def _calibrate(path: Path, raw: Path, *, quick: bool, budget_s: float | None, layer_args: list[str],

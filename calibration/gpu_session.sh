@@ -102,16 +102,13 @@ section "model shapes"
 if (( HAVE_SIM )); then
     SHAPES=$("$PY" - "$MODEL" <<'PYEOF'
 import sys
+from simulator.calibrate import layer_arguments
 from simulator.model import load_model
-m = load_model(sys.argv[1])
-args = ["--hidden", m.hidden_size, "--heads", m.num_attention_heads, "--ffn", m.ffn_size, "--seq", m.seq_length]
-if m.num_query_groups:
-    args += ["--num-query-groups", m.num_query_groups]
-print(" ".join(map(str, args)) + (" --swiglu" if m.swiglu else ""))
+print(" ".join(layer_arguments(load_model(sys.argv[1]))))
 PYEOF
 ) || { echo "cannot read model $MODEL"; exit 2; }
 elif [[ "$MODEL" == gpt3-1.3b ]]; then
-    SHAPES="--hidden 2048 --heads 16 --ffn 8192 --seq 2048"  # simulator/model.py's gpt3-1.3b
+    SHAPES="--hidden 2048 --heads 16 --ffn 8192 --seq 2048 --vocab 51200"  # simulator/model.py's gpt3-1.3b
 else
     echo "reading model $MODEL needs pydantic and PyYAML; carry the wheels or use the default model"; exit 2
 fi

@@ -37,6 +37,7 @@ from calibration.microbench.shapes import (
     LayerDims,
     grid_gemms,
     layer_gemms,
+    output_gemms,
     unique_gemms,
 )
 from calibration.microbench.timing import Budget
@@ -154,6 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tp", type=int)
     p.add_argument("--num-query-groups", type=int, default=None)
     p.add_argument("--swiglu", action="store_true")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary size: the output layer's GEMMs are measured too")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads (cpu: 1 by default, one core standing for one device, as a rank of the reference loop gets)")
     p.add_argument("--world-size", type=int, default=None, help="collective ranks: GPUs on cuda, 2 on cpu")
@@ -168,7 +170,7 @@ def _layer(args: argparse.Namespace) -> LayerDims:
         hidden_size=args.hidden or d["hidden"], num_attention_heads=args.heads or d["heads"],
         ffn_hidden_size=args.ffn or (4 * args.hidden if args.hidden else d["ffn"]), seq_length=args.seq or d["seq"],
         micro_batch_size=args.micro_batch or d["micro_batch"], tensor_parallel_size=args.tp or d["tp"],
-        num_query_groups=args.num_query_groups, swiglu=args.swiglu,
+        num_query_groups=args.num_query_groups, swiglu=args.swiglu, vocab_size=args.vocab,
     )
 
 
@@ -230,7 +232,8 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                 info["error"] = "no time left in the budget"
             elif section == "gemm":
                 in_loop = layer_gemms(group_layer) if "collectives" in sections and "in_loop" in modes else []
-                shapes = unique_gemms(layer_gemms(layer) + in_loop + grid_gemms(args.quick, args.device))
+                shapes = unique_gemms(layer_gemms(layer) + output_gemms(layer) + in_loop
+                                      + grid_gemms(args.quick, args.device))
                 raw["gemm"] = run_gemms(shapes, dtype, device, budget, warmup=warmup, repeats=repeats,
                                         held_out=held_out_keys(shapes))
             elif section == "attention":

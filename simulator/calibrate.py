@@ -193,6 +193,15 @@ def _check_sequence(seq, where: str) -> None:
                                    f"a positive number of seconds, measure again")
 
 
+def layer_arguments(model) -> list[str]:
+    """``calibration.measure``'s flags for ``model``'s (a ``ModelSpec``) shapes: its layer and its output layer."""
+    args = ["--hidden", str(model.hidden_size), "--heads", str(model.num_attention_heads),
+            "--ffn", str(model.ffn_size), "--seq", str(model.seq_length), "--vocab", str(model.vocab_size)]
+    if model.num_query_groups:
+        args += ["--num-query-groups", str(model.num_query_groups)]
+    return args + (["--swiglu"] if model.swiglu else [])
+
+
 def measure(device: str, raw_out: Path, *, quick: bool = False, budget_s: float | None = None,
             layer_args: list[str] = (), timeout_s: float | None = None) -> dict:
     """Run ``python -m calibration.measure`` in a child process and return its checked raw points."""

@@ -25,6 +25,7 @@ class LayerDims:
     tensor_parallel_size: int = 1
     num_query_groups: int | None = None
     swiglu: bool = False
+    vocab_size: int | None = None  # the output layer's GEMMs are measured too where it is given
 
     def __post_init__(self) -> None:
         t = self.tensor_parallel_size
@@ -111,6 +112,15 @@ def backward_gemms(d: LayerDims, flash_attention: bool = False) -> list[Gemm]:
 def layer_gemms(d: LayerDims, flash_attention: bool = False) -> list[Gemm]:
     """Every GEMM of a layer's forward and backward pass (shapes may repeat)."""
     return forward_gemms(d, flash_attention) + backward_gemms(d, flash_attention)
+
+
+def output_gemms(d: LayerDims) -> list[Gemm]:
+    """The vocabulary-parallel output layer's logits GEMM, its dgrad and wgrad on one TP rank (none without a
+    vocabulary): one of a step's largest GEMMs, and a shape no layer has."""
+    if d.vocab_size is None:
+        return []
+    g = Gemm("output_layer", d.tokens, d.vocab_size // d.tensor_parallel_size, d.hidden_size)
+    return [g, Gemm(f"{g.name}.dgrad", g.m, g.k, g.n), Gemm(f"{g.name}.wgrad", g.k, g.n, g.m)]
 
 
 def unique_gemms(gemms: list[Gemm]) -> list[Gemm]:

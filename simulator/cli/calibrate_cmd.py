@@ -92,13 +92,7 @@ def calibrate_command(device, quick, out, raw, keep_raw, gpu, name, model, tp, m
                                "drop them with --raw")
     layer_args: list[str] = []
     if model is not None:
-        m = load_model(model)
-        layer_args += ["--hidden", str(m.hidden_size), "--heads", str(m.num_attention_heads),
-                       "--ffn", str(m.ffn_size), "--seq", str(m.seq_length)]
-        if m.num_query_groups:
-            layer_args += ["--num-query-groups", str(m.num_query_groups)]
-        if m.swiglu:
-            layer_args.append("--swiglu")
+        layer_args += layer_arguments(load_model(model))
     if tp is not None:
         layer_args += ["--tp", str(tp)]
     if mbs is not None:

@@ -3,6 +3,7 @@ what they say, gloo collectives run on two processes, and the session script wor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -30,6 +31,7 @@ from calibration.microbench.shapes import (
     LayerDims,
     grid_gemms,
     layer_gemms,
+    output_gemms,
     unique_gemms,
 )
 from calibration.microbench.timing import Budget, Timing, rotation_count, time_fn
@@ -63,6 +65,19 @@ def test_layer_shapes_match_the_layer_graph(model, tp, mbs, flash):
              for op in ordered_ops(g.forward) + ordered_ops(g.backward) if op.gemm is not None}
     ours = {x.name: x.key for x in layer_gemms(_dims(model, plan), flash_attention=flash)}
     assert ours == graph
+
+
+@pytest.mark.parametrize("model,tp,mbs", [(PRESETS["gpt3-175b"], 8, 1), (PRESETS["gpt3-125m"], 1, 4)])
+def test_output_layer_shapes_match_the_output_extras(model, tp, mbs):
+    from simulator.layers import output_extras
+
+    plan = ParallelPlan(tensor_parallel_size=tp, micro_batch_size=mbs, global_batch_size=mbs)
+    g = output_extras(model, plan)
+    graph = {op.name: (op.gemm.m, op.gemm.n, op.gemm.k, op.gemm.batch)
+             for op in ordered_ops(g.forward) + ordered_ops(g.backward) if op.gemm is not None}
+    dims = dataclasses.replace(_dims(model, plan), vocab_size=model.vocab_size)
+    assert {x.name: x.key for x in output_gemms(dims)} == graph
+    assert output_gemms(_dims(model, plan)) == []  # no vocabulary given: no output layer
 
 
 def test_unique_gemms_drop_repeats_and_keep_first_names():
