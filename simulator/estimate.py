@@ -385,6 +385,10 @@ def stage_communication(job: Job, cost, s: int) -> StageCommunication:
         r = 0.0 if fsdp else nb * (
             _dp_time(cost, job, grad_kind, (chunk_params - chunk_experts) * plan.grad_bytes / nb)
             + _dp_time(cost, job, grad_kind, chunk_experts * plan.grad_bytes / nb, expert=True))
+        if not fsdp and plan.gradient_group_size > 1:
+            # Megatron's DDP scales each bucket by 1/DP in place before reducing it (``average_in_collective`` off,
+            # its default): one read and one write of the gradients
+            r += cost.op_time_s(Op("gradient_scaling", OpKind.elementwise, bytes_moved=2 * chunk_params * plan.grad_bytes))
         if tied and ((s == 0 and c == 0) or (s == p - 1 and c == v - 1)):
             embedding_grad_bytes = job.model.vocab_size * job.model.hidden_size // plan.tensor_parallel_size
             r += cost.collective_time_s(CollectiveKind.all_reduce, embedding_grad_bytes * plan.grad_bytes,

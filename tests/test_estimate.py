@@ -119,3 +119,25 @@ def test_given_layer_times_replace_the_cost_model_and_longer_layers_take_longer(
     assert same.estimate.iteration_time_s == pytest.approx(own.estimate.iteration_time_s, rel=1e-12)
     slower = simulate_job(j, layers=lt.with_durations(lt.forward_s * 1.1, lt.backward_s * 1.1, lt.recompute_s * 1.1))
     assert own.estimate.iteration_time_s < slower.estimate.iteration_time_s < 1.1 * own.estimate.iteration_time_s
+
+
+def test_data_parallel_gradients_are_scaled_once_before_they_are_reduced():
+    """Megatron's DDP multiplies each bucket by 1/DP in place (one read and one write of every gradient) before
+    reducing it: the stage's reduction is the collectives plus that pass, and a job without DP has neither."""
+    from simulator.costs import CostModel
+    from simulator.estimate import _dp_time, stage_communication
+    from simulator.layers import CollectiveKind, Op
+    from simulator.memory import stage_parameters
+    from simulator.profile import default_profile
+
+    for dp in (1, 4):
+        j = job(data_parallel_size=dp)
+        cost = CostModel(CLUSTER, default_profile(CLUSTER.gpu.name), j.plan.precision)
+        comm = stage_communication(j, cost, 0)
+        params = stage_parameters(j, 0)
+        nb = comm.buckets[0]
+        collectives = nb * (_dp_time(cost, j, CollectiveKind.all_reduce, params * j.plan.grad_bytes / nb)
+                            + _dp_time(cost, j, CollectiveKind.all_reduce, 0.0, expert=True))
+        scaling = cost.op_time_s(Op("gradient_scaling", OpKind.elementwise, bytes_moved=2 * params * j.plan.grad_bytes))
+        assert scaling > 0
+        assert comm.reduce_s[0] == pytest.approx(collectives + (scaling if dp > 1 else 0.0), rel=1e-12)
