@@ -28,6 +28,9 @@ from calibration.microbench.timing import Budget
 
 SEQUENCE_LAYERS = 4  # a stack, so each layer's input is another's output as in a model; more adds time only
 ALONE_REPEATS = 3  # each op alone: one warm-up call, then the median of these
+# passes of the stack per round, the first untimed: a step runs micro-batch after micro-batch, and the first
+# pass after the replay finds the allocator and caches as the replay left them (it ran ~6% slower than the next)
+PASSES_PER_ROUND = 3
 
 
 class _Recorder(TorchDispatchMode):
@@ -73,7 +76,8 @@ def _stack(layer: LayerDims, dtype: torch.dtype, device: torch.device):
 
 def run_sequence(layer: LayerDims, dtype: torch.dtype, device: torch.device, budget: Budget, *,
                  rounds: int) -> dict:
-    """Per round, the stack's forward and backward as a step runs them and the sum of their ops alone."""
+    """Per round, the stack's forward and backward as a step runs them (the mean of the passes after the first)
+    and the sum of their ops alone."""
     layers, buffer = _stack(layer, dtype, device)
     shape = (layer.seq_length, layer.micro_batch_size, layer.hidden_size)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -120,10 +124,11 @@ def run_sequence(layer: LayerDims, dtype: torch.dtype, device: torch.device, bud
     for r in range(rounds):
         if r and not budget.allows((time.monotonic() - t_start) / r, f"sequence round {r + 1} of {rounds}"):
             break
-        loop_f, loop_b = step(*inputs())
+        passes = [step(*inputs()) for _ in range(PASSES_PER_ROUND)][1:]
+        loop_f, loop_b = (sum(t[i] for t in passes) / len(passes) for i in (0, 1))
         alone_f, alone_b = alone(ops)
         out.append({"loop_forward_s": loop_f, "loop_backward_s": loop_b,
                     "alone_forward_s": alone_f, "alone_backward_s": alone_b})
-    return {"layers": SEQUENCE_LAYERS, "layer": {k: getattr(layer, k) for k in layer.__dataclass_fields__},
+    return {"layers": SEQUENCE_LAYERS, "passes": PASSES_PER_ROUND - 1, "layer": {k: getattr(layer, k) for k in layer.__dataclass_fields__},
             "ops_forward": sum(1 for op in ops if not op[3]), "ops_backward": sum(1 for op in ops if op[3]),
             "rounds": out}
