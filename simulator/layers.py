@@ -331,16 +331,29 @@ def _output_extras(model: ModelSpec, key: LayerKey) -> StageExtras:
     modules = [Norm("final_norm", dm, residual=False),
                ColumnParallelLinear("output_layer", dm, vocab, dm.h, "output_all_gather")]
     f = build_forward(modules)
-    # Megatron's vocabulary-parallel cross-entropy on fp32 logits: the cast, then max, subtract,
-    # exp, sum and divide in place (five reads and three writes of fp32), keeping the softmax
+    # Megatron's vocabulary-parallel cross-entropy on fp32 logits, op by op as it runs them: the cast, the
+    # max (all-reduced over TP), the subtraction in place, the target logit (all-reduced), exp in place, the
+    # sum of exponentials (all-reduced) and the division in place, which leaves the softmax it keeps: five
+    # reads and three writes of the fp32 logits in all, each pass over the logits alone
     fp32 = FP32_BYTES / dm.ab
     cast = dm.ab != FP32_BYTES
     if cast:
         f.add(elementwise("cross_entropy.cast", logits, 1, fp32, dm.ab))
-    f.add(elementwise("cross_entropy", logits, 5 * fp32, 3 * fp32, dm.ab,
+
+    def reduced(name: str) -> None:  # one fp32 per token, over the vocabulary's shards
+        if dm.t > 1:
+            f.add(collective(f"cross_entropy.{name}_all_reduce", CollectiveKind.all_reduce,
+                             dm.tokens * FP32_BYTES, dm.t))
+
+    f.add(elementwise("cross_entropy.max", logits, fp32, 0, dm.ab))
+    reduced("max")
+    f.add(elementwise("cross_entropy.subtract", logits, fp32, fp32, dm.ab))
+    reduced("target_logit")
+    f.add(elementwise("cross_entropy.exp", logits, fp32, fp32, dm.ab))
+    f.add(elementwise("cross_entropy.sum", logits, fp32, 0, dm.ab))
+    reduced("sum_exp")
+    f.add(elementwise("cross_entropy.divide", logits, fp32, fp32, dm.ab,
                       saves=(SavedTensor("cross_entropy.softmax", logits, FP32_BYTES),)))
-    if dm.t > 1:  # max, sum of exponentials and target logit, one fp32 per token each
-        f.add(collective("cross_entropy_all_reduce", CollectiveKind.all_reduce, 3 * dm.tokens * FP32_BYTES, dm.t))
     # the softmax scaled by the loss gradient in place, then cast back to the logits' dtype
     loss = elementwise("cross_entropy.backward", logits, fp32 * (2 if cast else 1), fp32 + (1 if cast else 0), dm.ab)
     b = build_backward(modules, first=loss)

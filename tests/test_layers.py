@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.layers import FP32_BYTES, embedding_extras, ordered_ops, output_extras, transformer_layer
+from simulator.layers import FP32_BYTES, OpKind, embedding_extras, ordered_ops, output_extras, transformer_layer
 from simulator.model import PRESETS, ModelSpec
 from simulator.plan import ParallelPlan, Precision
 
@@ -24,8 +24,14 @@ def test_cross_entropy_casts_logits_to_fp32_only_when_they_are_not():
     bf16, fp32 = (ops(output_extras(GPT3, plan(precision=p)).forward) for p in (Precision.bf16, Precision.fp32))
     assert "cross_entropy.cast" in bf16 and "cross_entropy.cast" not in fp32
     logits = GPT3.seq_length * GPT3.vocab_size // 8
-    # the fp32 passes (max, subtract, exp, sum, divide) move the same bytes in both
-    assert bf16["cross_entropy"].bytes_moved == fp32["cross_entropy"].bytes_moved == 8 * FP32_BYTES * logits
+    # the fp32 passes (max, subtract, exp, sum, divide) move the same bytes in both: five reads, three writes
+    passes = ("max", "subtract", "exp", "sum", "divide")
+    for graph in (bf16, fp32):
+        assert sum(graph[f"cross_entropy.{p}"].bytes_moved for p in passes) == 8 * FP32_BYTES * logits
+    # and each of the max, the target logit and the sum of exponentials is all-reduced over TP, one fp32 a token
+    reduces = [op for op in fp32.values() if op.kind is OpKind.collective and op.name.startswith("cross_entropy")]
+    assert [op.collective.bytes for op in reduces] == [GPT3.seq_length * FP32_BYTES] * 3
+    assert fp32["cross_entropy.divide"].saves[0].name == "cross_entropy.softmax"
 
 
 def test_embedding_weight_gradient_walks_the_whole_table_whatever_the_tokens():
