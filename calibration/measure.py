@@ -273,8 +273,8 @@ def measure(args: argparse.Namespace, log=print) -> dict:
             elif section == "sequence":
                 if gpu:
                     info["status"] = "skipped"
-                    info["error"] = ("on a GPU the host issues ahead of the kernels, so a kernel in a step runs as it "
-                                     "does alone; what issuing costs is the host section's")
+                    info["error"] = ("not measured on a GPU: its host issues ahead of the kernels, and what issuing "
+                                     "costs is the host section's; the profile takes 0")
                 else:
                     raw["sequence"] = run_sequence(layer, dtype, device, budget, rounds=SEQUENCE_ROUNDS[args.quick])
         except Exception as exc:  # one broken section must not lose the others
