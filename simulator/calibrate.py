@@ -162,7 +162,7 @@ def read_raw(path: str | Path) -> dict:
             for key in _NUMERIC.intersection(keys):
                 x = row[key]
                 top = _MAX_TIME_S if key == "time_s" else _MAX_SIZE
-                if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= top:
+                if not _positive(x, top):
                     raise ProfileError(f"raw points {where}: {section} point {i} has {key}={short_repr(x)}; it must be "
                                        f"a positive number of at most {top:g}, measure again")
     _check_sequence(data.get("sequence"), where)
@@ -171,6 +171,11 @@ def read_raw(path: str | Path) -> dict:
             raise ProfileError(f"raw points {where} hold no {section} points, which every profile needs; "
                                f"measure again with the {section} section")
     return data
+
+
+def _positive(x, top: float) -> bool:
+    """A number (not a flag) in (0, top]."""
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and 0 < x <= top
 
 
 def _check_sequence(seq, where: str) -> None:
@@ -188,7 +193,7 @@ def _check_sequence(seq, where: str) -> None:
     for i, r in enumerate(rounds):
         for key in _SEQUENCE_KEYS:
             x = r.get(key)
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x <= _MAX_TIME_S:
+            if not _positive(x, _MAX_TIME_S):
                 raise ProfileError(f"raw points {where}: sequence round {i} has {key}={short_repr(x)}; it must be "
                                    f"a positive number of seconds, measure again")
 
@@ -592,7 +597,7 @@ def _sequence_slowdown(raw: dict, host) -> tuple[float, str, list[str]]:
     by turns), the step's time less what the host block charges for issuing its ops, over the ops' time alone;
     the median round's ratio less 1, held at 0 (a round below is the machine's noise)."""
     seq = raw.get("sequence") or {}
-    rounds = [r for r in seq.get("rounds", []) if r["alone_forward_s"] + r["alone_backward_s"] > 0]
+    rounds = seq.get("rounds", [])  # read_raw has checked every time positive
     if not rounds:
         return 0.0, ("not measured (no sequence timing in the raw points); taken as 0: an op in a step costs what "
                      "it costs repeated alone"), []
@@ -602,9 +607,8 @@ def _sequence_slowdown(raw: dict, host) -> tuple[float, str, list[str]]:
     ratios = [(r["loop_forward_s"] + r["loop_backward_s"] - issue_s) / (r["alone_forward_s"] + r["alone_backward_s"])
               for r in rounds]
     median = statistics.median(ratios)
-    forward = statistics.median(r["loop_forward_s"] / r["alone_forward_s"] for r in rounds if r["alone_forward_s"] > 0)
-    backward = statistics.median(r["loop_backward_s"] / r["alone_backward_s"] for r in rounds
-                                 if r["alone_backward_s"] > 0)
+    forward = statistics.median(r["loop_forward_s"] / r["alone_forward_s"] for r in rounds)
+    backward = statistics.median(r["loop_backward_s"] / r["alone_backward_s"] for r in rounds)
     source = (f"measured: {seq.get('layers')} of the reference loop's layers forward and backward as a step runs "
               f"them ({seq.get('ops_forward')} + {seq.get('ops_backward')} ops), then each op repeated alone, by "
               f"turns over {len(ratios)} rounds; the median round's step time (less the host block's issue "

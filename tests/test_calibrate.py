@@ -184,8 +184,10 @@ def test_the_step_slowdown_scales_the_layers_compute_and_nothing_else():
     whose every op runs in turn; the collectives between them and the optimizer step do not."""
     from simulator.costs import CostModel
     from simulator.hardware import load_cluster
+    from simulator.layers import transformer_layer
+    from simulator.model import ModelSpec
     from simulator.ops import CollectiveKind, CollectiveOp, GemmShape, Op, OpKind
-    from simulator.plan import Precision
+    from simulator.plan import ParallelPlan, Precision
     from simulator.timing import play
 
     base = fit_profile(_cpu_raw(), check=False).profile.model_copy(update={"host": None})
@@ -197,10 +199,6 @@ def test_the_step_slowdown_scales_the_layers_compute_and_nothing_else():
     assert slowed.step_op_time_s(gemm) == pytest.approx(1.3 * plain.step_op_time_s(gemm), rel=1e-12)
     assert slowed.step_op_time_s(comm) == plain.step_op_time_s(comm)
     assert slowed.op_time_s(optimizer) == plain.op_time_s(optimizer)
-    from simulator.layers import transformer_layer
-    from simulator.model import ModelSpec
-    from simulator.plan import ParallelPlan
-
     layer = transformer_layer(ModelSpec(name="m", num_layers=2, hidden_size=256, num_attention_heads=8,
                                         vocab_size=2048, seq_length=256),
                               ParallelPlan(micro_batch_size=1, global_batch_size=1, precision="fp32",
