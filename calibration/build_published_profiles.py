@@ -19,16 +19,7 @@ import json
 import math
 from pathlib import Path
 
-from simulator.fitting import (
-    fit_achieved_fraction,
-    fit_attention,
-    fit_collective,
-    fit_gemm,
-    fit_step_latency,
-    measured_ramp,
-)
-from simulator.hardware import GpuSpec, load_gpu
-from simulator.profile import (
+from simulator.cost.profile import (
     SCHEMA_VERSION,
     AttentionParams,
     CollectiveParams,
@@ -39,6 +30,15 @@ from simulator.profile import (
     LinkParams,
     save_profile,
 )
+from simulator.measure.fitting import (
+    fit_achieved_fraction,
+    fit_attention,
+    fit_collective,
+    fit_gemm,
+    fit_step_latency,
+    measured_ramp,
+)
+from simulator.spec.hardware import GpuSpec, load_gpu
 
 HERE = Path(__file__).resolve().parent
 PUBLISHED = HERE / "published" / "hardware.json"

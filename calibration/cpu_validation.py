@@ -120,7 +120,7 @@ class Session:
 def _prober(model_path: Path, session: Session, seconds: float, log):
     """``probe(moment) -> median seconds``: time ``speed_probe`` for the model's layer and record it."""
     from calibration.microbench.probe import speed_probe
-    from simulator.model import load_model
+    from simulator.spec.catalog import load_model
 
     m = load_model(str(model_path))
 
@@ -135,8 +135,8 @@ def _prober(model_path: Path, session: Session, seconds: float, log):
 
 
 def _layer_args(model_path: Path) -> list[str]:
-    from simulator.calibrate import layer_arguments
-    from simulator.model import load_model
+    from simulator.measure.calibrate import layer_arguments
+    from simulator.spec.catalog import load_model
 
     return layer_arguments(load_model(str(model_path)))
 
@@ -144,8 +144,8 @@ def _layer_args(model_path: Path) -> list[str]:
 def _calibrate(path: Path, raw: Path, *, quick: bool, budget_s: float | None, layer_args: list[str],
                attempts: int, log) -> dict:
     """One profile; a refused one (a point more than 2x off) is measured again, up to ``attempts`` times."""
-    from simulator.calibrate import calibrate
-    from simulator.errors import ProfileError
+    from simulator.measure.calibrate import calibrate
+    from simulator.spec.errors import ProfileError
 
     refusals = []
     for attempt in range(1, attempts + 1):
@@ -174,7 +174,7 @@ def _calibrate(path: Path, raw: Path, *, quick: bool, budget_s: float | None, la
 def _run_once_more_if_it_failed(run_one, log, failures: list[str] | None = None):
     """A run that fails is tried once more: gloo on this machine now and then aborts a rank in native code
     ('terminate called without an active exception') with nothing wrong in the plan; a second failure is an error."""
-    from simulator.errors import RunRecordError
+    from simulator.spec.errors import RunRecordError
 
     try:
         return run_one()
@@ -197,7 +197,7 @@ def _median_runs(jobs: dict[str, tuple], iterations: int, runs: int, run_referen
     every run and after the last."""
     import statistics
 
-    from simulator.run_record import write_run_record
+    from simulator.measure.run_record import write_run_record
 
     records = {label: [] for label in jobs}
     sequence, probes = [], []  # the labels in the order they ran; the probe before each run, then one after all
@@ -232,9 +232,9 @@ def run(out: Path, *, iterations: int, quick: bool, budget_s: float | None, atte
     """Calibrate twice, run and validate every plan; write everything under ``out``."""
     from calibration.reference.launch import run_reference
     from simulator.cli.options import job_from_options
-    from simulator.estimate import estimate
-    from simulator.profile import load_profile
-    from simulator.validate import validate
+    from simulator.cost.profile import load_profile
+    from simulator.estimator.prediction import estimate
+    from simulator.measure.validate import validate
 
     out.mkdir(parents=True, exist_ok=True)
     session = Session(started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", default=",".join(map(_slug, PLANS)),
                         help="Comma-separated subset of: " + ", ".join(map(_slug, PLANS)))
     args = parser.parse_args(argv)
-    from simulator.errors import SimulatorError
+    from simulator.spec.errors import SimulatorError
 
     by_slug = {_slug(label): label for label in PLANS}
     chosen = [p.strip() for p in args.plans.split(",") if p.strip()]

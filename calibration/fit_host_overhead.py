@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from simulator.datasets import VTRAIN_SINGLE_NODE, SetErrors, evaluate
-from simulator.profile import HardwareProfile, HostParams
+from simulator.cost.profile import HardwareProfile, HostParams
+from simulator.measure.datasets import VTRAIN_SINGLE_NODE, SetErrors, evaluate
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "published" / "host_overhead_fit.json"

@@ -50,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from calibration.reference.launch import check_supported, run_reference
-    from simulator.errors import SimulatorError
-    from simulator.hardware import load_cluster
-    from simulator.model import load_model
-    from simulator.plan import Job, ParallelPlan
+    from simulator.spec.catalog import load_model
+    from simulator.spec.errors import SimulatorError
+    from simulator.spec.hardware import load_cluster
+    from simulator.spec.plan import Job, ParallelPlan
 
     start = time.monotonic()
     granularities = [g for g in args.granularities.split(",") if g]

@@ -102,13 +102,13 @@ section "model shapes"
 if (( HAVE_SIM )); then
     SHAPES=$("$PY" - "$MODEL" <<'PYEOF'
 import sys
-from simulator.calibrate import layer_arguments
-from simulator.model import load_model
+from simulator.measure.calibrate import layer_arguments
+from simulator.spec.catalog import load_model
 print(" ".join(layer_arguments(load_model(sys.argv[1]))))
 PYEOF
 ) || { echo "cannot read model $MODEL"; exit 2; }
 elif [[ "$MODEL" == gpt3-1.3b ]]; then
-    SHAPES="--hidden 2048 --heads 16 --ffn 8192 --seq 2048 --vocab 51200"  # simulator/model.py's gpt3-1.3b
+    SHAPES="--hidden 2048 --heads 16 --ffn 8192 --seq 2048 --vocab 51200"  # simulator/spec/model.py's gpt3-1.3b
 else
     echo "reading model $MODEL needs pydantic and PyYAML; carry the wheels or use the default model"; exit 2
 fi

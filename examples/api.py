@@ -57,8 +57,8 @@ def main(out: Path | None) -> None:
               f"{e.iteration_time_s:.3f} s, MFU {e.mfu:.1%}")
 
     if out is not None:
-        from simulator.figures import plan_data
-        from simulator.plots import draw
+        from simulator.outputs.figures import plan_data
+        from simulator.outputs.plots import draw
 
         best = Job(model=model, cluster=cluster, plan=result.best.plan)
         sim = simulate_job(best, record=True)

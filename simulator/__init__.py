@@ -12,32 +12,31 @@
 ``examples/api.py`` runs the whole tour (estimate, search, figures, trace). The names below are
 imported on first use, so ``import simulator`` stays light and the CLI starts fast.
 
-``simulator.estimate`` and ``simulator.search`` are the functions of the same names; their
-modules are reached with ``from simulator.estimate import ...`` (or ``importlib.import_module``).
+The package is laid out as its data flows, each subpackage importing only those before it
+(``docs/architecture.md`` draws it; ``tests/test_architecture.py`` keeps it so):
+
+    spec -> graph -> cost -> schedule -> estimator -> planner | measure -> outputs -> cli
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 # name -> the module that defines it
 _API: dict[str, str] = {
-    "load_model": "simulator.model", "ModelSpec": "simulator.model",
-    "load_cluster": "simulator.hardware", "ClusterSpec": "simulator.hardware",
-    "load_profile": "simulator.profile",
-    "ParallelPlan": "simulator.plan", "RecomputePolicy": "simulator.plan", "Job": "simulator.plan",
-    "estimate": "simulator.estimate", "simulate_job": "simulator.estimate", "Estimate": "simulator.estimate",
-    "memory_plan": "simulator.memory",
-    "search": "simulator.search", "SearchRequest": "simulator.search", "SearchPins": "simulator.search",
-    "SearchResult": "simulator.search",
-    "write_trace": "simulator.trace",
-    "SimulatorError": "simulator.errors", "ConfigError": "simulator.errors",
-    "InfeasiblePlanError": "simulator.errors",
+    "load_model": "simulator.spec.catalog", "ModelSpec": "simulator.spec.model",
+    "load_cluster": "simulator.spec.hardware", "ClusterSpec": "simulator.spec.hardware",
+    "load_profile": "simulator.cost.profile",
+    "ParallelPlan": "simulator.spec.plan", "RecomputePolicy": "simulator.spec.plan", "Job": "simulator.spec.plan",
+    "estimate": "simulator.estimator.prediction", "simulate_job": "simulator.estimator.prediction",
+    "Estimate": "simulator.estimator.prediction",
+    "memory_plan": "simulator.estimator.memory",
+    "search": "simulator.planner.plan_search", "SearchRequest": "simulator.planner.plan_search",
+    "SearchPins": "simulator.planner.plan_search", "SearchResult": "simulator.planner.plan_search",
+    "write_trace": "simulator.outputs.trace",
+    "SimulatorError": "simulator.spec.errors", "ConfigError": "simulator.spec.errors",
+    "InfeasiblePlanError": "simulator.spec.errors",
 }
-# API functions named like the module that defines them
-_SHADOWED = frozenset({"estimate", "search"})
 
 __all__ = sorted(_API)
 
@@ -53,17 +52,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_API))
-
-
-class _Package(types.ModuleType):
-    """The package, keeping ``estimate`` and ``search`` the functions: Python's import system binds a
-    submodule to its package's attribute when it first loads (``simulator.estimate`` = the module),
-    which would hide the function of the same name."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _SHADOWED and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -10,13 +10,13 @@ import statistics
 import sys
 import time
 
-from simulator.engine import simulate
-from simulator.estimate import build_work
-from simulator.hardware import load_cluster
-from simulator.model import load_model
-from simulator.plan import Job, ParallelPlan, RecomputePolicy
-from simulator.schedules import build_schedule
-from simulator.timing import cost_model_for, extra_times, layer_times
+from simulator.schedule.engine import simulate
+from simulator.schedule.schedules import build_schedule
+from simulator.schedule.stage_work import build_work
+from simulator.schedule.timing import cost_model_for, extra_times, layer_times
+from simulator.spec.catalog import load_model
+from simulator.spec.hardware import load_cluster
+from simulator.spec.plan import Job, ParallelPlan, RecomputePolicy
 
 
 def _median_s(fn, repeats: int = 5) -> float:
@@ -52,8 +52,8 @@ def clear_caches() -> None:
 
 def bench_evaluation() -> None:
     """One estimate (work built from the layer graph, then the schedule played) warm and cold, by engine path."""
-    from simulator import fast_engine
-    from simulator.estimate import estimate
+    from simulator.estimator.prediction import estimate
+    from simulator.schedule import fast_engine
 
     job = gpt3_job()
     m = job.plan.num_micro_batches
@@ -113,8 +113,8 @@ def bench_engine() -> None:
 def bench_search() -> None:
     """The search of dense models (GPT-3 175B on 1,024 A100, Llama 3 405B on 16,384 H100) and of
     mixtures of experts, whose space EP and ETP multiply; each cold, the first search of its model."""
-    from simulator.hardware import load_cluster
-    from simulator.model import PRESETS
+    from simulator.spec.catalog import PRESETS
+    from simulator.spec.hardware import load_cluster
 
     job = gpt3_job()
     result = _search("GPT-3 175B on 1,024 A100-80GB, global batch 1,536", job.model, job.cluster, 1024, 1536)
@@ -130,7 +130,7 @@ def bench_search() -> None:
 
 def _search(label: str, model, cluster, gpus: int, batch: int):
     """One search, timed, with its tiers' counts and how many plans it went through per second."""
-    from simulator.search import SearchRequest, search
+    from simulator.planner.plan_search import SearchRequest, search
 
     req = SearchRequest(model=model, cluster=cluster, num_gpus=gpus, global_batch_size=batch)
     t0 = time.perf_counter()
@@ -148,7 +148,7 @@ def bench_sweep() -> None:
     import tempfile
     from pathlib import Path
 
-    from simulator.sweep import SweepSpec, run_sweep
+    from simulator.planner.sweep import SweepSpec, run_sweep
 
     spec = SweepSpec(models=("gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b"),
                      gpus=(8, 16, 32, 64, 128), global_batch_sizes=(128, 256), tokens=1e10)

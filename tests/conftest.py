@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from simulator.hardware import load_cluster
-from simulator.model import PRESETS
+from simulator.spec.catalog import PRESETS
+from simulator.spec.hardware import load_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 PUBLISHED = REPO / "calibration" / "published"

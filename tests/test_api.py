@@ -17,14 +17,30 @@ def test_import_simulator_loads_nothing_heavy():
     assert out.stdout.strip() == "[]"
 
 
+# The public names of ``from simulator import ...``: a contract, so names are added, never dropped.
+PUBLIC_NAMES = (
+    "ClusterSpec", "ConfigError", "Estimate", "InfeasiblePlanError", "Job", "ModelSpec", "ParallelPlan",
+    "RecomputePolicy", "SearchPins", "SearchRequest", "SearchResult", "SimulatorError", "estimate", "load_cluster",
+    "load_model", "load_profile", "memory_plan", "search", "simulate_job", "write_trace",
+)
+
+
+def test_every_public_name_is_still_there():
+    import simulator
+
+    assert set(PUBLIC_NAMES) <= set(simulator.__all__)
+    for name in PUBLIC_NAMES:
+        assert getattr(simulator, name) is not None
+
+
 def test_the_api_names_are_the_library_objects():
     import simulator
     from simulator import Job, ParallelPlan, estimate, load_cluster, load_model, search
-    from simulator.estimate import estimate as estimate_function
-    from simulator.search import search as search_function
+    from simulator.estimator.prediction import estimate as estimate_function
+    from simulator.planner.plan_search import search as search_function
 
     assert estimate is estimate_function and search is search_function
-    assert simulator.estimate is estimate_function  # importing the module did not hide the function
+    assert simulator.estimate is estimate_function and simulator.search is search_function  # no module hides them
     assert set(simulator.__all__) <= set(dir(simulator))
     job = Job(model=load_model("gpt3-1.3b"), cluster=load_cluster("dgx-a100-80gb"),
               plan=ParallelPlan(tensor_parallel_size=2, global_batch_size=4))

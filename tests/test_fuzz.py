@@ -28,16 +28,17 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator import limits
-from simulator._io import build
 from simulator.cli import cli
-from simulator.errors import SimulatorError
-from simulator.estimate import simulate_job
-from simulator.hardware import ClusterSpec, cluster_names, load_cluster
-from simulator.memory import memory_plan
-from simulator.model import PRESETS, ModelSpec
-from simulator.plan import Job, ParallelPlan
-from simulator.profile import _parse
+from simulator.cost.profile import _parse
+from simulator.estimator.memory import memory_plan
+from simulator.estimator.prediction import simulate_job
+from simulator.spec import limits
+from simulator.spec._io import build
+from simulator.spec.catalog import PRESETS
+from simulator.spec.errors import SimulatorError
+from simulator.spec.hardware import ClusterSpec, cluster_names, load_cluster
+from simulator.spec.model import ModelSpec
+from simulator.spec.plan import Job, ParallelPlan
 from tests import fuzz_tally
 from tests.close import assert_close
 

@@ -1,7 +1,7 @@
 """Collective timings through torch.distributed: all-reduce, all-gather, reduce-scatter, send/recv.
 
 Several processes on one machine (torch.multiprocessing, spawn): NCCL with one GPU per rank, gloo
-on the CPU. Sizes are the full buffer, as ``simulator.layers.CollectiveOp`` counts them (all-reduce
+on the CPU. Sizes are the full buffer, as ``simulator.graph.layers.CollectiveOp`` counts them (all-reduce
 size, all-gather output, reduce-scatter input; send/recv what each rank sends). Bus bandwidth
 follows nccl-tests (PERFORMANCE.md): all-reduce algbw x 2(n-1)/n, all-gather and reduce-scatter
 algbw x (n-1)/n, send/recv algbw.

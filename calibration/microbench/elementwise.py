@@ -1,7 +1,7 @@
 """Memory-bound kernels: the norms, activations, dropouts, softmax and residual adds of a layer.
 
 Each point records the bytes the kernel must move through memory (the same accounting as
-``simulator.layers``: reads + writes of the activation, one byte per element for a dropout mask),
+``simulator.graph.layers``: reads + writes of the activation, one byte per element for a dropout mask),
 so the fit gives an achieved bandwidth and a fixed launch cost.
 """
 

@@ -54,9 +54,9 @@ def _stack(layer: LayerDims, dtype: torch.dtype, device: torch.device):
     from calibration.reference.grads import GradBuffer
     from calibration.reference.model import TransformerLayer
     from calibration.reference.parallel import ParallelGroups
-    from simulator.layout import RankLayout
-    from simulator.model import ModelSpec
-    from simulator.plan import ParallelPlan
+    from simulator.spec.layout import RankLayout
+    from simulator.spec.model import ModelSpec
+    from simulator.spec.plan import ParallelPlan
 
     t = layer.tensor_parallel_size
     model = ModelSpec(name="sequence-benchmark", num_layers=SEQUENCE_LAYERS, hidden_size=layer.hidden_size,

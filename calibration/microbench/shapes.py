@@ -1,6 +1,6 @@
 """The GEMM shapes of one GPT layer on one tensor-parallel rank, from plain numbers.
 
-This mirrors the shapes ``simulator.layers`` builds (Korthikanti et al. 2022, Table 1 notation:
+This mirrors the shapes ``simulator.graph.layers`` builds (Korthikanti et al. 2022, Table 1 notation:
 s sequence, b micro-batch, h hidden, a heads, t tensor-parallel size) without importing it, since
 that module needs pydantic, which the GPU machine lacks. A test checks the two agree.
 

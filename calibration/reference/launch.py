@@ -14,12 +14,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from simulator import children
-from simulator._io import check_output, write_output
-from simulator.errors import ConfigError, RunRecordError
-from simulator.model import Normalization, PositionEmbedding
-from simulator.plan import CpCommType, Job, RecomputeGranularity, RecomputeMethod
-from simulator.run_record import RunRecord, load_run_record, write_run_record
+from simulator.measure import children
+from simulator.measure.run_record import RunRecord, load_run_record, write_run_record
+from simulator.spec._io import check_output, write_output
+from simulator.spec.errors import ConfigError, RunRecordError
+from simulator.spec.model import Normalization, PositionEmbedding
+from simulator.spec.plan import CpCommType, Job, RecomputeGranularity, RecomputeMethod
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = Path(__file__).resolve().with_name("train.py")

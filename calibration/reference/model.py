@@ -2,7 +2,7 @@
 
 ``GPTChunk`` is one pipeline model chunk: the embedding on the first chunk, a run of
 ``TransformerLayer``s, and the final norm, output layer and loss on the last. The layer saves for
-its backward pass exactly the tensors ``simulator.layers.transformer_layer`` lists (Korthikanti
+its backward pass exactly the tensors ``simulator.graph.layers.transformer_layer`` lists (Korthikanti
 Table 2), which ``tests/calibration/test_reference_loop.py`` checks byte for byte:
 
 - norm inputs, the (sharded under SP) inputs of the column-parallel GEMMs, q, k, v, the softmax
@@ -48,14 +48,8 @@ from calibration.reference.parallel import (
     reduce_scatter_to_sequence_parallel_region,
     vocab_parallel_cross_entropy,
 )
-from simulator.model import ModelSpec
-from simulator.plan import (
-    Job,
-    ParallelPlan,
-    PipelineSchedule,
-    RecomputeGranularity,
-    RecomputeMethod,
-)
+from simulator.spec.model import ModelSpec
+from simulator.spec.plan import Job, ParallelPlan, PipelineSchedule, RecomputeGranularity, RecomputeMethod
 
 # A recompute timer: called as timer(fn, *args) when a checkpointed region is replayed in backward.
 RecomputeTimer = Callable[..., torch.Tensor] | None

@@ -45,8 +45,8 @@ from calibration.reference.parallel import (
     init_shard,
     reduce_scatter_to_sequence_parallel_region,
 )
-from simulator.model import ModelSpec
-from simulator.plan import MoEDispatcher, ParallelPlan
+from simulator.spec.model import ModelSpec
+from simulator.spec.plan import MoEDispatcher, ParallelPlan
 
 # ---------------------------------------------------------------- communication with uneven splits
 

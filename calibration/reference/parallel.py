@@ -1,6 +1,6 @@
 """Process groups and Megatron's tensor-parallel building blocks, over explicit groups.
 
-Rank layout: ``simulator.layout.RankLayout``, Megatron's default order tp-cp-dp-pp, so
+Rank layout: ``simulator.spec.layout.RankLayout``, Megatron's default order tp-cp-dp-pp, so
 ``rank = tp + TP * (cp + CP * (dp + DP * stage))`` and global rank 0 is stage 0 with every other
 coordinate 0; the expert layers of a mixture-of-experts model decompose the same ranks of a stage
 again as etp-ep-edp (Megatron's expert rank generator). Every group here is one the layout names.
@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from simulator.layout import RankLayout
+from simulator.spec.layout import RankLayout
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Plays the simulator's pipeline schedule with point-to-point sends between stages.
 
-The steps come from ``simulator.schedules`` (the same tuples the engine plays): stage ``s``
+The steps come from ``simulator.schedule.schedules`` (the same tuples the engine plays): stage ``s``
 runs ``schedule[s]`` in order. Chunk ``c`` of stage ``s`` is model chunk ``c * p + s``, so its
 input comes from stage ``s - 1`` (or, on stage 0, from stage ``p - 1``'s previous chunk) and its
 output goes the other way round. Sends are non-blocking and waited for at the end of the
@@ -23,7 +23,7 @@ from calibration.reference.meter import LayerProbe
 from calibration.reference.model import GPTChunk
 from calibration.reference.parallel import ParallelGroups
 from calibration.reference.timers import Timers
-from simulator.schedules import Phase, Schedule
+from simulator.schedule.schedules import Phase, Schedule
 
 
 def _tag(micro_batch: int, model_chunk: int, gradient: bool, num_model_chunks: int) -> int:

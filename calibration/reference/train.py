@@ -40,11 +40,11 @@ from calibration.reference.model import (
 from calibration.reference.parallel import ParallelGroups, all_reduce, build_groups
 from calibration.reference.pipeline import run_schedule
 from calibration.reference.timers import TIMER_NAMES, Timers
-from simulator.errors import SimulatorError
-from simulator.layout import RankLayout
-from simulator.plan import Job, Precision
-from simulator.run_record import LayerRecord, RunRecord, write_run_record
-from simulator.schedules import build_schedule
+from simulator.measure.run_record import LayerRecord, RunRecord, write_run_record
+from simulator.schedule.schedules import build_schedule
+from simulator.spec.errors import SimulatorError
+from simulator.spec.layout import RankLayout
+from simulator.spec.plan import Job, Precision
 
 DTYPES = {Precision.fp32: torch.float32, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 

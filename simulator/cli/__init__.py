@@ -8,6 +8,8 @@ Bad input of any kind (a ``SimulatorError`` or a click usage error) ends with on
 stderr and exit code 2 (3 for a plan that ``--require-fit`` refuses), never a traceback; anything
 else is a bug and keeps its traceback. SIGTERM and SIGHUP stop a command the way Ctrl-C does, so
 that child processes and temporary files are cleaned up on the way out.
+
+May import: every layer of ``simulator``; nothing imports it but ``simulator.__main__``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import click
 
-from simulator.errors import SimulatorError
+from simulator.spec.errors import SimulatorError
 
 # name -> "module:attribute"; one line per command.
 COMMANDS: dict[str, str] = {

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from simulator import limits
 from simulator.cli.options import MICRO_BATCH, PARALLEL_SIZE, BoundedFloat, OutputFile
+from simulator.spec import limits
 
 EXAMPLES = """
 \b
@@ -81,9 +81,9 @@ def render(result, out: Path) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the fit errors and held-out GEMMs as JSON.")
 def calibrate_command(device, quick, out, raw, keep_raw, gpu, name, model, tp, mbs, budget_s, as_json):
     """Measure GEMMs, attention, memory-bound kernels and collectives; fit and write a hardware profile."""
-    from simulator.calibrate import calibrate
-    from simulator.hardware import load_gpu
-    from simulator.model import load_model
+    from simulator.measure.calibrate import calibrate
+    from simulator.spec.catalog import load_model
+    from simulator.spec.hardware import load_gpu
 
     if raw is None and device is None:
         raise click.UsageError("pass --device cuda|cpu to measure, or --raw with points measured before")

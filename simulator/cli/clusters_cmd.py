@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from simulator.hardware import ClusterSpec, cluster_names, load_cluster
-from simulator.profile import profile_names
-from simulator.units import text_table
+from simulator.cost.profile import profile_names
+from simulator.spec.hardware import ClusterSpec, cluster_names, load_cluster
+from simulator.spec.units import text_table
 
 EXAMPLES = """
 \b

@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from simulator.cli.options import PLAN_OPTION_NAMES, job_from_options
-from simulator.errors import ConfigError
-from simulator.megatron_args import FLAGS, parse_launch, read_text, resolve
+from simulator.spec.errors import ConfigError
+from simulator.spec.megatron_args import FLAGS, parse_launch, read_text, resolve
 
 INLINE = "megatron_inline"  # the hidden option that carries Megatron flags typed on the plan command line
 # Plan options that are the simulator's own, not part of a launch: allowed beside --megatron-args.
@@ -83,8 +83,8 @@ def job_from_megatron(ctx: click.Context, kwargs: dict[str, Any]):
         if given:
             raise ConfigError(f"give the plan either in --megatron-args or as flags, not both ({', '.join(given)} "
                               "given too); put them in the file")
-    from simulator.hardware import load_cluster
-    from simulator.model import load_model
+    from simulator.spec.catalog import load_model
+    from simulator.spec.hardware import load_cluster
 
     cluster = load_cluster(kwargs.get("cluster", "dgx-a100-80gb"))
     text = inline if inline is not None else read_text(path, lambda: click.get_text_stream("stdin").read())

@@ -8,10 +8,10 @@ from typing import Any
 import click
 
 from simulator.cli.options import job_from_options, plan_options, require_fit, require_fit_option
-from simulator.describe import settings_json
-from simulator.memory import MemoryPlan, memory_plan
-from simulator.plan import Job
-from simulator.units import format_gib, text_table
+from simulator.estimator.memory import MemoryPlan, memory_plan
+from simulator.outputs.describe import settings_json
+from simulator.spec.plan import Job
+from simulator.spec.units import format_gib, text_table
 
 _COLUMNS = ("stage", "layers", "weights", "grads", "optimizer", "activations", "in-flight", "transient", "reserve",
             "peak", "fits")
@@ -78,7 +78,7 @@ Examples:
 @require_fit_option
 def memory(require_fit_flag: bool, **options: Any) -> None:
     """Per-stage, per-GPU memory of a plan (GiB) and whether it fits."""
-    from simulator.hf import collected_notes
+    from simulator.spec.hf import collected_notes
 
     with collected_notes() as notes:
         job = job_from_options(**options)

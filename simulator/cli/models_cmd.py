@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
-from simulator.model import PRESETS, ModelSpec, load_model
-from simulator.units import text_table
+from simulator.spec.catalog import PRESETS, load_model
+from simulator.spec.model import ModelSpec
+from simulator.spec.units import text_table
 
 EXAMPLES = """
 \b

@@ -9,12 +9,13 @@ from typing import Any, Callable
 
 import click
 
-from simulator import limits
-from simulator._io import build, check_output, short_repr
-from simulator.errors import ConfigError, PlanDoesNotFit
-from simulator.hardware import load_cluster
-from simulator.model import ModelSpec, load_model
-from simulator.plan import (
+from simulator.spec import limits
+from simulator.spec._io import build, check_output, short_repr
+from simulator.spec.catalog import load_model
+from simulator.spec.errors import ConfigError, PlanDoesNotFit
+from simulator.spec.hardware import load_cluster
+from simulator.spec.model import ModelSpec
+from simulator.spec.plan import (
     AttentionBackend,
     CpCommType,
     DataParallelSharding,
@@ -87,7 +88,7 @@ class BoundedFloat(click.ParamType):
 
 
 class OutputFile(click.ParamType):
-    """A file to write, checked before any work is done (see ``simulator._io.write_output``);
+    """A file to write, checked before any work is done (see ``simulator.spec._io.write_output``);
     ``suffixes`` restricts the formats (the Pareto figure is PNG, SVG or PDF by its suffix)."""
 
     name = "file"
@@ -335,7 +336,7 @@ require_fit_option = click.option(
 def require_fit(job: Job, memory: Any) -> None:
     """``--require-fit``: one sentence and exit code 3 when the memory plan does not fit."""
     if not memory.fits:
-        from simulator.units import format_gib
+        from simulator.spec.units import format_gib
 
         raise PlanDoesNotFit(
             f"the plan does not fit: stage {memory.overflowing_stage} needs {format_gib(memory.peak_bytes)} GiB of the "

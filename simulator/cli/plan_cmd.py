@@ -9,7 +9,7 @@ import click
 
 from simulator.cli.megatron_input import MegatronAwareCommand, job_from_megatron, megatron_options
 from simulator.cli.options import TOKENS, OutputFile, job_from_options, plan_options, require_fit, require_fit_option
-from simulator.units import format_gib
+from simulator.spec.units import format_gib
 
 EXAMPLES = """
 \b
@@ -28,7 +28,7 @@ Examples:
 
 def plan_json(job, est) -> dict:
     """The `simulator plan --json` document: the estimate plus the job that produced it."""
-    from simulator.describe import settings_json
+    from simulator.outputs.describe import settings_json
 
     doc = est.model_dump(mode="json")
     doc["model"] = job.model.name
@@ -62,7 +62,7 @@ def experts_line(model, plan=None) -> str:
 def launch_json(job) -> dict:
     """The keys that say how to run the job: Megatron flags, environment and notes, the NeMo fragment and
     megatron-core's TransformerConfig / DistributedDataParallelConfig / GPTModel arguments."""
-    from simulator.export import (
+    from simulator.outputs.export import (
         ddp_config,
         gpt_model_args,
         megatron_args,
@@ -79,13 +79,13 @@ def launch_json(job) -> dict:
 
 
 def render_launch_text(job) -> str:
-    from simulator.export import nemo_yaml, render_launch
+    from simulator.outputs.export import nemo_yaml, render_launch
 
     return "\nMegatron-LM launch:\n" + render_launch(job) + "\n\nNeMo config fragment:\n" + nemo_yaml(job)
 
 
 def render(job, est, notes: list[str] = ()) -> str:
-    from simulator.describe import run_settings
+    from simulator.outputs.describe import run_settings
 
     plan, b = job.plan, est.breakdown
     T = est.iteration_time_s
@@ -166,9 +166,9 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
     """Predict one training iteration of a plan: time, MFU/HFU, breakdown, memory and training days.
     For mixture-of-experts models MFU and days count the active parameters (the experts a token is
     routed to), not every expert."""
-    from simulator.estimate import simulate_job
-    from simulator.hf import collected_notes
-    from simulator.profile import load_profile
+    from simulator.cost.profile import load_profile
+    from simulator.estimator.prediction import simulate_job
+    from simulator.spec.hf import collected_notes
 
     launch_notes: list[str] = []
     with collected_notes() as notes:
@@ -179,17 +179,17 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
             job = job_from_options(**kwargs)
     notes = launch_notes + notes
     profile = load_profile(profile_path) if profile_path else None
-    from simulator.band import with_band
+    from simulator.estimator.band import with_band
 
     sim = simulate_job(job, profile, tokens=tokens, record=trace_path is not None or plots_dir is not None)
     est = with_band(job, sim.estimate, profile)
     if trace_path is not None:
-        from simulator.trace import write_trace
+        from simulator.outputs.trace import write_trace
 
         write_trace(sim, job, trace_path)
     plots = {}
     if plots_dir is not None:
-        from simulator.figures import write_plan_figures
+        from simulator.outputs.figures import write_plan_figures
 
         plots = write_plan_figures(job, plots_dir, sim, profile)
     if as_json:

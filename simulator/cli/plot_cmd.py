@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from simulator.cli.options import plan_options
-from simulator.figures import KINDS, PLAN_KINDS, SEARCH_KINDS
+from simulator.outputs.figures import KINDS, PLAN_KINDS, SEARCH_KINDS
 
 EXAMPLES = """
 \b
@@ -61,9 +61,9 @@ def _counts(value: str | None) -> list[int] | None:
 
 
 def _search(ctx: click.Context, options: dict, top: int, profile):
-    from simulator.hardware import load_cluster
-    from simulator.model import load_model
-    from simulator.search import SearchPins, SearchRequest, search
+    from simulator.planner.plan_search import SearchPins, SearchRequest, search
+    from simulator.spec.catalog import load_model
+    from simulator.spec.hardware import load_cluster
 
     for flag, key in (("--gpus", "gpus"), ("--global-batch-size", "global_batch_size")):
         if options.get(key) is None:
@@ -95,12 +95,12 @@ def plot_command(ctx, kind, out, tokens, profile_path, steps, gpu_counts, top, a
     """Draw one figure (PNG): a plan's pipeline timeline, stage memory, memory against micro-batch or
     by strategy, or time breakdown; a search's Pareto front, top plans' time breakdown, TP x PP heat map,
     MFU or days against GPU count; or predicted against measured for every validation data set."""
-    from simulator import figures
     from simulator.cli.options import job_from_options
-    from simulator.describe import settings_json
-    from simulator.figure_data import plan_settings
-    from simulator.hf import collected_notes
-    from simulator.profile import load_profile
+    from simulator.cost.profile import load_profile
+    from simulator.outputs import figures
+    from simulator.outputs.describe import settings_json
+    from simulator.outputs.figure_data import plan_settings
+    from simulator.spec.hf import collected_notes
 
     window, counts = _steps(steps), _counts(gpu_counts)
     if kind == "days-vs-gpus" and tokens is None:

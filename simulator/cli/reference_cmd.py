@@ -9,9 +9,9 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from simulator import limits
 from simulator.cli.options import BoundedInt, OutputFile, job_from_options, plan_options
-from simulator.plan import Precision
+from simulator.spec import limits
+from simulator.spec.plan import Precision
 
 CPU_CLUSTER = "local-cpu"
 

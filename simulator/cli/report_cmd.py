@@ -33,9 +33,9 @@ def report_command(out: Path, as_json: bool, html: bool = False, cache_dir: Path
     which section is being computed."""
     import json
 
-    from simulator._io import make_folder
-    from simulator.report import generate
-    from simulator.report_cache import ReportCache
+    from simulator.outputs.report import generate
+    from simulator.outputs.report_cache import ReportCache
+    from simulator.spec._io import make_folder
 
     if html:
         try:

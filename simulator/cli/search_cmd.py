@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from simulator import limits
 from simulator.cli.options import (
     GLOBAL_BATCH,
     GPUS,
@@ -24,8 +23,9 @@ from simulator.cli.options import (
     with_load_imbalance,
 )
 from simulator.cli.plan_cmd import experts_line, launch_json, plan_json, render_launch_text
-from simulator.plan import Precision, RecomputeGranularity
-from simulator.units import format_gib
+from simulator.spec import limits
+from simulator.spec.plan import Precision, RecomputeGranularity
+from simulator.spec.units import format_gib
 
 EXAMPLES = """
 \b
@@ -67,8 +67,8 @@ def check_pins(req) -> None:
     The search only tries values the rules allow, so without this a pin such as --tp 3 against a
     vocabulary of 51,200 would end in "no plan satisfies the rules" without saying which rule.
     """
-    from simulator._io import build
-    from simulator.plan import Job, ParallelPlan
+    from simulator.spec._io import build
+    from simulator.spec.plan import Job, ParallelPlan
 
     pins = req.pins
     tp, pp = pins.tensor_parallel_size or 1, pins.pipeline_parallel_size or 1
@@ -154,14 +154,14 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     """Search every valid plan (TP, PP, virtual stages, micro-batch, SP, recompute, distributed optimizer)
     for the fastest that fits in GPU memory. For mixture-of-experts models MFU and days count the active
     parameters (the experts a token is routed to), not every expert."""
-    from simulator.describe import run_settings, settings_json
-    from simulator._io import build
-    from simulator.hardware import load_cluster
-    from simulator.hf import collected_notes
-    from simulator.model import load_model
-    from simulator.plan import Job
-    from simulator.profile import load_profile
-    from simulator.search import SearchPins, SearchRequest, search
+    from simulator.cost.profile import load_profile
+    from simulator.outputs.describe import run_settings, settings_json
+    from simulator.planner.plan_search import SearchPins, SearchRequest, search
+    from simulator.spec._io import build
+    from simulator.spec.catalog import load_model
+    from simulator.spec.hardware import load_cluster
+    from simulator.spec.hf import collected_notes
+    from simulator.spec.plan import Job
 
     with collected_notes() as notes:
         model_spec = with_load_imbalance(load_model(model, seq_length), moe_load_imbalance)
@@ -197,29 +197,29 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     best = result.best
     job = Job(model=req.model, cluster=req.cluster, plan=best.plan)
     if pareto_path is not None:
-        from simulator.figure_data import pareto_data
-        from simulator.plots import pareto_figure
+        from simulator.outputs.figure_data import pareto_data
+        from simulator.outputs.plots import pareto_figure
 
         pareto_figure(pareto_data(result, req), pareto_path)
     if trace_path is not None:
-        from simulator.estimate import simulate_job
-        from simulator.trace import write_trace
+        from simulator.estimator.prediction import simulate_job
+        from simulator.outputs.trace import write_trace
 
         write_trace(simulate_job(job, profile, tokens, record=True), job, trace_path)
     rows = None
     if all_plans or csv_path is not None:
-        from simulator.search_table import screened_rows, write_csv
+        from simulator.outputs.search_table import screened_rows, write_csv
 
         rows = screened_rows(result, req)
         if csv_path is not None:
             write_csv(rows, csv_path)
     plots = {}
     if plots_dir is not None:
-        from simulator.figures import write_search_figures
+        from simulator.outputs.figures import write_search_figures
 
         plots = write_search_figures(result, req, plots_dir, profile, tokens)
     if html_path is not None:
-        from simulator.html_report import write_search_html
+        from simulator.outputs.html_report import write_search_html
 
         write_search_html(result, req, html_path, profile)
     if as_json:

@@ -37,7 +37,7 @@ study.yaml:
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print the rows as JSON.")
 def sweep_command(spec_path, out, ray_address, workers, as_json):
     """One search per point of a grid, as a table (CSV, JSON) and figures (days and MFU vs GPUs)."""
-    from simulator.sweep import load_spec, run_sweep, sweep_figures
+    from simulator.planner.sweep import load_spec, run_sweep, sweep_figures
 
     spec = load_spec(spec_path)
     bar = None

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from simulator.run_record import load_run_record
-from simulator.validate import Comparison, Validation, validate
+from simulator.measure.run_record import load_run_record
+from simulator.measure.validate import Comparison, Validation, validate
 
 
 def _value(x: float | None, unit: str) -> str:

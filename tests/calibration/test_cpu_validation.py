@@ -111,7 +111,7 @@ def test_the_speed_probe_times_the_same_work_each_call():
 
 def test_a_run_that_fails_once_is_run_again_and_said_so():
     from calibration.cpu_validation import _run_once_more_if_it_failed
-    from simulator.errors import RunRecordError
+    from simulator.spec.errors import RunRecordError
 
     calls, failures = [], []
 
@@ -151,7 +151,7 @@ def test_plans_run_in_rounds_and_each_keeps_its_median_run(tmp_path: Path, monke
     the run of median mean iteration, and the probes taken just before and just after that run."""
     from types import SimpleNamespace
 
-    import simulator.run_record
+    import simulator.measure.run_record
     from calibration.cpu_validation import _median_runs
 
     order, written = [], {}
@@ -161,7 +161,7 @@ def test_plans_run_in_rounds_and_each_keeps_its_median_run(tmp_path: Path, monke
         order.append(job)
         return SimpleNamespace(timed_iteration_times_s=[times[job][sum(1 for j in order if j == job) - 1]])
 
-    monkeypatch.setattr(simulator.run_record, "write_run_record", lambda r, p: written.__setitem__(p.name, r))
+    monkeypatch.setattr(simulator.measure.run_record, "write_run_record", lambda r, p: written.__setitem__(p.name, r))
     probes = iter(range(1, 100))
     kept = _median_runs({"a": ("a", tmp_path / "run-a.json"), "b": ("b", tmp_path / "run-b.json")}, 3, 3,
                         run_reference, probe=lambda moment: float(next(probes)), log=lambda m: None)

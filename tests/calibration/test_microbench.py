@@ -35,9 +35,10 @@ from calibration.microbench.shapes import (
     unique_gemms,
 )
 from calibration.microbench.timing import Budget, Timing, rotation_count, time_fn
-from simulator.layers import ordered_ops, transformer_layer
-from simulator.model import PRESETS, ModelSpec
-from simulator.plan import ParallelPlan
+from simulator.graph.layers import ordered_ops, transformer_layer
+from simulator.spec.catalog import PRESETS
+from simulator.spec.model import ModelSpec
+from simulator.spec.plan import ParallelPlan
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -69,7 +70,7 @@ def test_layer_shapes_match_the_layer_graph(model, tp, mbs, flash):
 
 @pytest.mark.parametrize("model,tp,mbs", [(PRESETS["gpt3-175b"], 8, 1), (PRESETS["gpt3-125m"], 1, 4)])
 def test_output_layer_shapes_match_the_output_extras(model, tp, mbs):
-    from simulator.layers import output_extras
+    from simulator.graph.layers import output_extras
 
     plan = ParallelPlan(tensor_parallel_size=tp, micro_batch_size=mbs, global_batch_size=mbs)
     g = output_extras(model, plan)

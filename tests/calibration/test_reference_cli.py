@@ -11,8 +11,8 @@ from click.testing import CliRunner
 pytest.importorskip("torch")
 
 from calibration.reference import launch  # noqa: E402
-from simulator.cli import cli  # noqa: E402
-from simulator.run_record import load_run_record  # noqa: E402
+from simulator.cli import cli
+from simulator.measure.run_record import load_run_record
 
 TINY = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "vocab_size": 128, "seq_length": 16}
 ARGS = ["--cluster", "dgx-a100-80gb", "--tp", "2", "--sp", "--recompute-granularity", "selective",
@@ -66,7 +66,7 @@ def test_a_run_past_its_time_is_stopped_with_its_ranks(tmp_path):
     import os
     import time
 
-    from simulator.errors import RunRecordError
+    from simulator.spec.errors import RunRecordError
 
     slow = tmp_path / "slow.py"
     slow.write_text("import os, pathlib, time\n"

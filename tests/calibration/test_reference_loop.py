@@ -16,12 +16,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from calibration.reference.launch import run_batch  # noqa: E402
-from simulator._io import build  # noqa: E402
-from simulator.hardware import load_cluster  # noqa: E402
-from simulator.layers import transformer_layer  # noqa: E402
-from simulator.model import ModelSpec  # noqa: E402
-from simulator.plan import Job, ParallelPlan, RecomputeGranularity  # noqa: E402
-from simulator.run_record import RunRecord, load_run_record  # noqa: E402
+from simulator.graph.layers import transformer_layer
+from simulator.measure.run_record import RunRecord, load_run_record
+from simulator.spec._io import build
+from simulator.spec.hardware import load_cluster
+from simulator.spec.model import ModelSpec
+from simulator.spec.plan import Job, ParallelPlan, RecomputeGranularity
 
 TOLERANCE = 1e-5  # fp32, a few steps: only the order of the TP/DP sums differs
 ITERATIONS = 3
@@ -452,7 +452,7 @@ def test_the_moe_functions_differentiate_correctly():
 
 def test_the_loop_refuses_what_its_moe_layer_does_not_implement():
     from calibration.reference.launch import check_supported
-    from simulator.errors import ConfigError
+    from simulator.spec.errors import ConfigError
 
     alltoall = {"moe_token_dispatcher_type": "alltoall"}
     cases = [
@@ -484,7 +484,7 @@ def test_the_loop_refuses_what_its_moe_layer_does_not_implement():
 
 def test_the_loop_refuses_attention_dropout_with_fused_attention_and_cp_other_than_the_ring():
     from calibration.reference.launch import check_supported
-    from simulator.errors import ConfigError
+    from simulator.spec.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"attention_dropout=0.1 with the fused 'auto' attention backend; "
                                           r"use a model with attention_dropout 0$"):

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from simulator import limits
 from simulator.cli import cli
-from simulator.hardware import load_cluster
+from simulator.spec import limits
+from simulator.spec.hardware import load_cluster
 from tests.test_calibrate import _synthetic_raw, _with_collectives
 
 REPO = Path(__file__).resolve().parents[2]
@@ -270,7 +270,7 @@ def test_a_gpu_name_with_dot_dot_loads_no_profile_from_elsewhere(tmp_path):
     # a profile planted outside the shipped folder, reachable by a relative name
     planted = tmp_path / "evil-published.json"
     planted.write_text((REPO / "calibration" / "profiles" / "a100-sxm4-80gb-published.json").read_text())
-    from simulator.profile import _profile_dir
+    from simulator.cost.profile import _profile_dir
 
     relative = Path("..", "..", "..", "..", "..", "..", "..", "..", *tmp_path.parts[1:], "evil")
     assert (_profile_dir() / f"{relative}-published.json").resolve() == planted.resolve()

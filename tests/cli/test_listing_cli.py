@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from simulator.cli import cli
-from simulator.hardware import cluster_names, load_cluster
-from simulator.model import PRESETS
+from simulator.spec.catalog import PRESETS
+from simulator.spec.hardware import cluster_names, load_cluster
 
 LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from simulator.cli import cli
 from simulator.cli.options import job_from_options
-from simulator.memory import memory_plan
+from simulator.estimator.memory import memory_plan
 
 DEMO = ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024", "--tp", "8", "--pp", "16", "--sp",
         "--recompute-granularity", "selective", "--mbs", "1", "--gbs", "1536"]

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator.cli import cli
-from simulator.hardware import load_cluster
-from simulator.model import load_model
+from simulator.spec.catalog import load_model
+from simulator.spec.hardware import load_cluster
 from tests.cli.test_bad_input import ok, refused
 
 MIXTRAL = ["--model", "mixtral-8x7b", "--cluster", "dgx-h100"]
@@ -157,7 +157,7 @@ def test_random_moe_flags_answer_or_refuse_in_one_sentence(model, flags, data, s
 
 
 def test_search_holds_the_pinned_expert_layout():
-    from simulator.search import SearchPins, SearchRequest, search
+    from simulator.planner.plan_search import SearchPins, SearchRequest, search
 
     req = SearchRequest(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100"), num_gpus=16,
                         global_batch_size=64, finalists=4,

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from simulator._io import write_output
 from simulator.cli import cli
-from simulator.errors import OutputError
+from simulator.spec._io import write_output
+from simulator.spec.errors import OutputError
 from tests.cli.test_bad_input import ok, refused
 from tests.test_calibrate import _synthetic_raw
 

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from simulator.cli import cli
-from simulator.figures import KINDS, PLAN_KINDS, SEARCH_KINDS
+from simulator.outputs.figures import KINDS, PLAN_KINDS, SEARCH_KINDS
 
 SMALL_PLAN = ["--model", "gpt3-1.3b", "--gpus", "16", "--tp", "2", "--pp", "4", "--sp", "--gbs", "16"]
 SMALL_SEARCH = ["--model", "gpt3-1.3b", "--gpus", "16", "--gbs", "32"]

@@ -3,9 +3,9 @@ and --keep-raw tests start this in a process of its own (argv: MEASURE_MODULE, t
 
 import sys
 
-import simulator.calibrate
+import simulator.measure.calibrate
 from simulator.cli import main
 
-simulator.calibrate.MEASURE_MODULE = sys.argv[1]
+simulator.measure.calibrate.MEASURE_MODULE = sys.argv[1]
 sys.argv = ["simulator", *sys.argv[2:]]
 main()

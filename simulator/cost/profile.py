@@ -1,0 +1,497 @@
+"""``HardwareProfile``: how fast a GPU and its links really run, as fitted parameters with sources.
+
+A profile is a versioned JSON file. Published profiles are fitted to microbenchmark numbers read
+from the literature (``calibration/published/hardware.md``); measured profiles are fitted to
+points timed on the user's own hardware. Both share this schema and say which they are. Every
+parameter block names the source of each number and, when it was fitted, keeps the raw points
+and the relative residuals of the fit, so a reader can judge how well the model form holds.
+
+The formulas that use these parameters live in ``simulator.cost``.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+
+from simulator.cost.curves import interpolate_log_log
+from simulator.spec import limits
+from simulator.spec._io import check_name, exists, parse_json, read_text, short_repr, validation_message, write_output
+from simulator.spec.errors import ProfileError
+
+SCHEMA_VERSION = 1
+
+# Every number of a profile is finite and in its physical range (simulator.spec.limits), so no time the
+# cost models derive from it overflows or turns negative: a corrupt file is refused, not used.
+_FRACTION, _SECONDS = limits.FRACTION_RANGE, limits.FIXED_SECONDS_RANGE
+_GBPS, _SIZE = limits.GBPS_RANGE, limits.SIZE_RANGE
+
+
+def _profile_dir() -> Path:
+    # Through the installed ``calibration`` package so that a wheel finds its shipped JSON.
+    return Path(str(resources.files("calibration") / "profiles"))
+
+
+class FitRecord(BaseModel):
+    """The raw points a block was fitted to and the fit's relative residual at each, (model - data) / data."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    columns: tuple[str, ...]
+    points: tuple[tuple[float, ...], ...]
+    residuals: tuple[float, ...]
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _shapes_agree(self) -> "FitRecord":
+        if any(len(p) != len(self.columns) for p in self.points):
+            raise ValueError(f"fit points must each have {len(self.columns)} values ({', '.join(self.columns)})")
+        if len(self.residuals) != len(self.points):
+            raise ValueError(f"a fit has {len(self.points)} points but {len(self.residuals)} residuals; keep one per point")
+        return self
+
+    @property
+    def max_abs_residual(self) -> float:
+        return max((abs(r) for r in self.residuals), default=0.0)
+
+
+class _Block(BaseModel):
+    """A parameter block: every numeric field needs a ``sources`` entry; one that no measurement
+    pins also gives its plausible ``ranges`` entry (low, high), from which the band on every
+    answer is computed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    sources: dict[str, str]
+    fits: tuple[FitRecord, ...] = ()
+    ranges: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="Plausible (low, high) of each parameter no measurement pins.")
+
+    @model_validator(mode="after")
+    def _every_number_has_a_source(self) -> "_Block":
+        missing = [
+            name for name, value in self
+            if name not in _BOOKKEEPING and value is not None and name not in self.sources
+        ]
+        if missing:
+            raise ValueError(f"{type(self).__name__} parameters {missing} have no entry under 'sources'; add one each")
+        return self
+
+    @model_validator(mode="after")
+    def _ranges_hold_their_values(self) -> "_Block":
+        for name, (low, high) in self.ranges.items():
+            value = getattr(self, name, None)
+            if name in _BOOKKEEPING or not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(f"{type(self).__name__} has a range for {name!r}, which is not one of its numbers; "
+                                 "remove it or fix its name")
+            if not low <= value <= high:
+                raise ValueError(f"{type(self).__name__}.{name}={value} lies outside its range [{low}, {high}]; "
+                                 "widen the range or fix the value")
+        return self
+
+
+_BOOKKEEPING = {"sources", "fits", "ranges"}
+
+
+class GemmParams(_Block):
+    """time = launch_overhead_s + flops / (peak_flops * eff), with
+
+    eff = max_efficiency * wave_eff(m, n, batch) * k / (k + k_half) * (misaligned_factor if misaligned),
+    wave_eff = tiles / (ceil(tiles / sm_count) * sm_count), tiles = ceil(m/tile_m) * ceil(n/tile_n) * batch.
+    """
+
+    max_efficiency: float = Field(description="Fraction of the dense tensor peak the best shapes reach.", **_FRACTION)
+    tile_m: int = Field(gt=0, le=65536, description="Output tile rows of one thread block (elements).")
+    tile_n: int = Field(gt=0, le=65536, description="Output tile columns of one thread block (elements).")
+    k_half: float = Field(description="Reduction length at which per-tile prologue/epilogue halve efficiency.", **_SIZE)
+    misaligned_factor: float = Field(
+        description="Slowdown when m, n or k is not a multiple of alignment_bytes.", **_FRACTION
+    )
+    alignment_bytes: int = Field(
+        gt=0, le=65536, description="Tensor-core alignment of each dimension, bytes (Anthony et al. 2024)."
+    )
+    launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
+    ceiling_efficiency: float | None = Field(
+        None, **_FRACTION,
+        description="Best efficiency any shape reaches (a brute-force shape search's maximum); caps the formula.",
+    )
+    _table: dict | None = PrivateAttr(None)
+    measured: tuple[tuple[int, int, int, int, int, float], ...] | None = Field(
+        None, description="The layer's own GEMMs as timed, (m, n, k, batch, dtype_bytes, time_s): the cost model "
+                          "gives these shapes their measured time and the fitted form every other shape.")
+
+    @model_validator(mode="after")
+    def _measured_shapes_are_shapes(self) -> "GemmParams":
+        keys = [row[:5] for row in self.measured or ()]
+        if any(min(row[:5]) < 1 or not 0 < row[5] <= _SECONDS["le"] for row in self.measured or ()):
+            raise ValueError("measured GEMMs need positive m, n, k, batch and dtype_bytes and a time from 0 to "
+                             f"{_SECONDS['le']:g} s; measure again or drop them")
+        if len(set(keys)) != len(keys):
+            raise ValueError("measured GEMMs repeat a shape; keep one time per (m, n, k, batch, dtype_bytes)")
+        return self
+
+    def measured_time_s(self, m: int, n: int, k: int, batch: int, dtype_bytes: int) -> float | None:
+        """The timed GEMM of this shape, or None where the shape was not timed."""
+        if self._table is None:
+            self._table = {row[:5]: row[5] for row in self.measured or ()}
+        return self._table.get((m, n, k, batch, dtype_bytes))
+
+
+# A backward kernel (``<class>_backward``) that a profile did not time is costed as its forward class, but for a
+# dropout's: it only applies the kept mask, one pass like the residual add on a GPU (Megatron's fused
+# bias-dropout-add backward). A masked fill untimed is the copy it is on a GPU. On a CPU torch runs each backward as its own kernels (the dropout's converts
+# the boolean mask and multiplies twice, several times the add's time), which a profile that timed them keeps.
+KERNEL_STAND_INS = {"dropout_backward": "bias_add_residual", "masked_fill": "copy"}
+BACKWARD_SUFFIX = "_backward"
+
+
+class ElementwiseParams(_Block):
+    """Memory-bound kernels: time = launch_overhead_s + bytes / (hbm_bandwidth * fraction).
+
+    The fraction is ``achieved_fraction``, or the kernel class's own (``kernel_fractions``). Where a
+    class was measured over a sweep of sizes, ``kernel_curves`` keeps the sweep as measured, the
+    launch overhead taken out, and the fraction is interpolated (log-log) between its points and
+    held at the end points outside them: a CPU core streams a working set that fits its private
+    cache two to three times faster than one from the shared cache or memory, which no single
+    bandwidth describes (the curves of a GPU are flat past a few MiB).
+    """
+
+    achieved_fraction: float = Field(description="Fraction of peak HBM bandwidth a fused kernel reaches.", **_FRACTION)
+    launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
+    kernel_fractions: dict[str, Annotated[float, Field(**_FRACTION)]] | None = Field(
+        None, description="Achieved fraction per kernel class (layer_norm, gelu, dropout, softmax, bias_add_residual, "
+                          "copy and each one's _backward) where measured; the others use achieved_fraction.",
+    )
+    kernel_curves: dict[str, tuple[tuple[float, float], ...]] | None = Field(
+        None, description="Per kernel class, measured (bytes_moved, fraction of peak HBM bandwidth) points, sizes "
+                          "increasing; the fraction at other sizes is interpolated log-log, held at the ends. A "
+                          "working set that stays in cache may stream faster than the peak (a fraction above 1).",
+    )
+
+    @model_validator(mode="after")
+    def _curves_are_curves(self) -> "ElementwiseParams":
+        for kernel, c in (self.kernel_curves or {}).items():
+            low, high = limits.CACHED_FRACTION_RANGE["ge"], limits.CACHED_FRACTION_RANGE["le"]
+            if len(c) < 2 or any(not (0 < size <= _SIZE["le"] and low <= frac <= high) for size, frac in c):
+                raise ValueError(f"kernel_curves[{kernel!r}] needs at least 2 points of (bytes, fraction) with sizes "
+                                 f"from 1 to 1e15 bytes and fractions from {low:g} to {high:g}; measure again or drop "
+                                 "the curve")
+            if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
+                raise ValueError(f"kernel_curves[{kernel!r}] sizes must increase strictly; sort the points and drop "
+                                 "repeated sizes")
+        return self
+
+    def _measured_as(self, kernel: str) -> str:
+        """The class whose figures stand for ``kernel``: its own where measured, else the class it was costed as
+        before it had its own (a profile measured without it keeps its predictions)."""
+        measured = {**(self.kernel_fractions or {}), **(self.kernel_curves or {})}
+        while kernel not in measured:
+            stand_in = KERNEL_STAND_INS.get(kernel, kernel.removesuffix(BACKWARD_SUFFIX))
+            if stand_in == kernel:
+                break
+            kernel = stand_in
+        return kernel
+
+    def fraction(self, kernel: str) -> float:
+        return (self.kernel_fractions or {}).get(self._measured_as(kernel), self.achieved_fraction)
+
+    def curve(self, kernel: str) -> tuple[tuple[float, float], ...] | None:
+        return (self.kernel_curves or {}).get(self._measured_as(kernel))
+
+
+class AttentionParams(_Block):
+    """Fused (flash) attention: eff = phase_efficiency * s / (s + seq_half), of the dense tensor peak."""
+
+    forward_efficiency: float = Field(description="Forward efficiency at long sequences [FA2].", **_FRACTION)
+    backward_efficiency: float = Field(description="Backward efficiency at long sequences [FA2].", **_FRACTION)
+    seq_half: float = Field(
+        0.0, description="Sequence length at which the efficiency halves (0: no size term).", **_SIZE
+    )
+    launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
+
+
+class LinkParams(_Block):
+    """One link class of NCCL collectives: busbw(S) = max_busbw_gbps * ramp(S).
+
+    Where a size sweep was measured, ``ramp_curve`` holds it as (size_bytes, busbw / max_busbw_gbps)
+    points and ramp(S) is interpolated between them (log-log). NCCL's curve is not smooth: it
+    changes channel count and protocol with the size, so the published 8x A100 curve has a plateau
+    (172 GB/s at 64 MiB, 177 at 128 MiB) and then a jump (194 at 256 MiB); no three-parameter form
+    follows it through 16-256 MiB, which is where tensor-parallel messages of GPT layers fall.
+    Outside the measured sizes, and for links without a sweep, ramp(S) = S^p / (S^p + half_size_bytes^p)
+    with p = ``ramp_exponent`` (p = 1 is the plain saturating form).
+
+    A collective takes latency + algorithm_factor * S / busbw(S). For ``nvlink`` the latency is that
+    of a whole intra-node collective; for ``network`` it is the cost of one inter-node step, so a
+    collective's latency grows with the steps (ring) or tree levels it crosses.
+    """
+
+    latency_s: float = Field(**_SECONDS)
+    max_busbw_gbps: float = Field(
+        description="Ring bus bandwidth for large messages, GB/s (per GPU or per NIC).", **_GBPS
+    )
+    half_size_bytes: float = Field(description="Message size at which bus bandwidth is half its maximum.", **_SIZE)
+    ramp_exponent: float = Field(
+        1.0, ge=0.01, le=100, description="Steepness p of the bus-bandwidth ramp with message size."
+    )
+    ramp_curve: tuple[tuple[float, float], ...] | None = Field(
+        None, description="Measured (size_bytes, fraction of max_busbw_gbps) points, sizes increasing; ramp(S) "
+                          "is interpolated between them, the parametric form is used outside.",
+    )
+    kind_factors: dict[str, tuple[tuple[float, float], ...]] | None = Field(
+        None, description="Per collective kind other than all-reduce (all_gather, reduce_scatter), measured (size_bytes, "
+                          "measured time over the link model's time of that kind) points, sizes increasing; that "
+                          "kind's time is multiplied by the factor interpolated (log-log) at its size, held at the "
+                          "ends. gloo on a CPU runs its reduce-scatter two to three times slower than the "
+                          "all-reduce-derived link says; NCCL's kinds agree with it to a few percent.",
+    )
+    nvls_max_busbw_gbps: float | None = Field(
+        None, **_GBPS, description="All-reduce bus bandwidth with NVLink SHARP (Hopper and later), GB/s."
+    )
+    p2p_bandwidth_gbps: float = Field(description="Send/recv bandwidth of one GPU pair, GB/s.", **_GBPS)
+    p2p_latency_s: float = Field(**_SECONDS)
+
+    @model_validator(mode="after")
+    def _ramp_curve_is_a_curve(self) -> "LinkParams":
+        c = self.ramp_curve
+        if c is None:
+            return self
+        if len(c) < 2 or any(not (0 < size <= _SIZE["le"] and _FRACTION["ge"] <= frac <= 1) for size, frac in c):
+            raise ValueError("ramp_curve needs at least 2 points of (size_bytes, fraction) with sizes from 1 to 1e15 "
+                             "bytes and fractions of the maximum from 1e-6 to 1; measure again or drop ramp_curve")
+        if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
+            raise ValueError("ramp_curve sizes must increase strictly; sort the points and drop repeated sizes")
+        return self
+
+    @model_validator(mode="after")
+    def _kind_factors_are_curves(self) -> "LinkParams":
+        for kind, c in (self.kind_factors or {}).items():
+            if kind not in ("all_gather", "reduce_scatter", "all_to_all"):
+                raise ValueError(f"kind_factors has {kind!r}; use all_gather, reduce_scatter or all_to_all (the link "
+                                 "itself is the all-reduce's)")
+            if len(c) < 2 or any(not (0 < size <= _SIZE["le"] and 0.01 <= f <= 100) for size, f in c):
+                raise ValueError(f"kind_factors[{kind!r}] needs at least 2 points of (size_bytes, factor) with sizes "
+                                 "from 1 to 1e15 bytes and factors from 0.01 to 100; measure again or drop it")
+            if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
+                raise ValueError(f"kind_factors[{kind!r}] sizes must increase strictly; sort the points and drop "
+                                 "repeated sizes")
+        return self
+
+    def kind_factor(self, kind: str, nbytes: float) -> float:
+        """The measured correction of collectives of ``kind`` at ``nbytes`` (1 where none was measured)."""
+        curve = (self.kind_factors or {}).get(kind)
+        return interpolate_log_log(curve, nbytes) if curve else 1.0
+
+
+class HostParams(_Block):
+    """CPU time the training process spends issuing work, which the device waits for when its own
+    work is shorter (little work per GPU: small hidden sizes, micro-batch 1, wide TP).
+
+    Each op of the layer graph costs the host ``op_s`` in the forward (Python module code,
+    autograd recording, dispatch, the kernel launch) and ``backward_op_s`` when the autograd
+    engine issues it; an NCCL (or gloo) collective costs ``collective_s``. On an asynchronous
+    device (CUDA streams) the host runs ahead and a span takes the longer of its host and device
+    times; a synchronous one (a CPU) pays both. Megatron drains the queue at every pipeline
+    exchange (``torch.cuda.synchronize`` after the batched send/receive) and when each micro-batch's
+    data is broadcast, so every pipeline step starts from an empty queue.
+    """
+
+    op_s: float = Field(ge=0, description="Host time per forward op (recompute included), s.")
+    backward_op_s: float = Field(ge=0, description="Host time per op the autograd engine issues in the backward, s.")
+    collective_s: float = Field(ge=0, description="Host time per collective call (tensor-parallel, data-parallel), s.")
+    pipeline_exchange_s: float = Field(ge=0, description="Host time of one pipeline send/receive exchange, s.")
+    micro_batch_s: float = Field(
+        ge=0, description="Host time per forward step outside the layers: the micro-batch's data, masks, loss, schedule, s.")
+    iteration_s: float = Field(
+        ge=0, description="Host time per iteration outside the steps: optimizer bookkeeping, gradient-norm sync, s.")
+
+
+class CollectiveParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    nvlink: LinkParams
+    network: LinkParams
+
+
+class DeviceInfo(BaseModel):
+    """Where a profile was measured; all null for a published profile."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: str | None = None
+    driver: str | None = None
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    date: str | None = None
+    host: str | None = None
+    kind: Literal["cpu", "cuda"] | None = Field(None, description="What torch measured on.")
+    threads: int | None = Field(
+        None, gt=0, description="Torch threads per process while measuring; a run validated against the profile "
+                                "must use as many per rank.")
+    cores: int | None = Field(None, gt=0, description="CPU cores the machine has (os.cpu_count()).")
+    load_average: tuple[float, float, float] | None = Field(
+        None, description="1, 5 and 15-minute load averages when measuring began: how busy the machine was.")
+    load_average_end: tuple[float, float, float] | None = Field(None, description="... when it ended.")
+
+
+class HardwareProfile(BaseModel):
+    """How fast one GPU type (and its node's links) really runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    _hash: int | None = PrivateAttr(None)
+
+    schema_version: Literal[1]
+    name: str
+    source: Literal["published", "measured"]
+    gpu: str = Field(description="The GpuSpec name this profile describes.")
+    device: DeviceInfo = DeviceInfo()
+    gemm: GemmParams
+    gemm_fp8: GemmParams | None = Field(
+        None, description="FP8 GEMMs (Hopper and later), against the fp8 dense peak; None where none is known."
+    )
+    elementwise: ElementwiseParams
+    attention: AttentionParams
+    collectives: CollectiveParams
+    host: HostParams | None = Field(
+        None, description="Host-side (CPU) cost of issuing work; None = the device never waits for the host.")
+    overlap_compute_slowdown: float = Field(
+        ge=0, lt=1, description="Fraction by which compute slows while an NCCL kernel runs beside it."
+    )
+    overlap_source: str
+    host_sharing_slowdown: float = Field(
+        0.0, ge=0, lt=1, description="Fraction by which a device's compute slows while every other device of its "
+                                     "machine computes too (cores sharing caches and memory bandwidth); scaled by "
+                                     "the share of the machine's other devices a plan keeps busy.")
+    host_sharing_source: str = ("not measured; taken as 0: a GPU's SMs and memory are its own, and what its node's "
+                                "host shares (issuing work) is in the host block")
+    step_jitter: float = Field(
+        0.0, ge=0, lt=1, description="Relative standard deviation of a rank's compute between two synchronisations, "
+                                     "independent from rank to rank: what makes a pipeline stage wait for a late "
+                                     "input more often than the mean times say (simulator.cost.jitter).")
+    step_jitter_source: str = ("not measured; taken as 0: each step takes its expected time, so a wait is the "
+                               "difference of expected times")
+    sequence_slowdown: float = Field(
+        0.0, ge=0, lt=2, description="Fraction by which a training step's ops run slower one after another, as "
+                                     "autograd issues them, than each repeated alone as the kernel benchmarks time "
+                                     "them (each finding the caches and the allocator as the previous op left "
+                                     "them); applied to the forward, backward and recompute compute ops.")
+    sequence_source: str = ("not measured; taken as 0: an op in a step costs what it costs repeated alone (on a GPU "
+                            "the host issues ahead, and a kernel's start waits for no bookkeeping of the last)")
+    ranges: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="Plausible (low, high) of this profile's own unpinned numbers "
+                                          "(overlap_compute_slowdown).")
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _ranges_hold_their_values(self) -> "HardwareProfile":
+        for name, (low, high) in self.ranges.items():
+            if name != "overlap_compute_slowdown":
+                raise ValueError(f"the profile has a range for {name!r}, which is not one of its own numbers; "
+                                 "put it in the block the number belongs to")
+            if not low <= getattr(self, name) <= high:
+                raise ValueError(f"{name}={getattr(self, name)} lies outside its range [{low}, {high}]; "
+                                 "widen the range or fix the value")
+        return self
+
+    def unpinned(self) -> list[tuple[str, float, float, float]]:
+        """(path, value, low, high) of every number a range is declared for, e.g. ``gemm.k_half``."""
+        out = [(name, float(getattr(self, name)), low, high) for name, (low, high) in sorted(self.ranges.items())]
+        blocks = [("gemm", self.gemm), ("gemm_fp8", self.gemm_fp8), ("elementwise", self.elementwise),
+                  ("attention", self.attention), ("collectives.nvlink", self.collectives.nvlink),
+                  ("collectives.network", self.collectives.network), ("host", self.host)]
+        for path, block in blocks:
+            if block is not None:
+                out += [(f"{path}.{name}", float(getattr(block, name)), low, high)
+                        for name, (low, high) in sorted(block.ranges.items())]
+        return out
+
+    def with_value(self, path: str, value: float) -> "HardwareProfile":
+        """This profile with the number at ``path`` (as ``unpinned`` names it) set to ``value``."""
+        *parents, name = path.split(".")
+        chain = [self]
+        for part in parents:
+            chain.append(getattr(chain[-1], part))
+        new: BaseModel = chain[-1].model_copy(update={name: value})
+        for parent, part in zip(reversed(chain[:-1]), reversed(parents)):
+            new = parent.model_copy(update={part: new})
+        assert isinstance(new, HardwareProfile)
+        new._hash = None  # a copy carries the original's cached hash
+        return new
+
+    def __hash__(self) -> int:
+        # Cost models are cached per profile; the dict-valued sources make the default hash fail,
+        # and the JSON (with its fit points) is too long to serialise on every lookup.
+        if self._hash is None:
+            self._hash = hash(self.model_dump_json())
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        # the cached hash is bookkeeping, not part of the value
+        return isinstance(other, HardwareProfile) and self.__dict__ == other.__dict__
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in _profile_dir().glob("*.json"))
+
+
+def _parse(text: str, where: str) -> HardwareProfile:
+    data = parse_json(text, f"profile {where}", ProfileError, fix="fix it or rebuild it with `simulator calibrate`")
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile {where} must hold a JSON object, not {type(data).__name__}; rebuild it")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ProfileError(f"profile {where} has schema_version={short_repr(version)} but this simulator reads "
+                           f"version {SCHEMA_VERSION}; rebuild the profile with this version")
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(f"profile {where}: {validation_message(exc, 'profile')}; fix the file or rebuild it") from None
+
+
+def load_profile(path_or_name: str | os.PathLike) -> HardwareProfile:
+    """A shipped profile by name (``a100-sxm4-80gb-published``) or a JSON file.
+
+    A name is looked up among the shipped profiles only, never joined to their folder as a path,
+    so a name such as ``../x`` cannot reach a file elsewhere.
+    """
+    text_name = str(path_or_name)
+    if text_name in profile_names():
+        path = _profile_dir() / f"{text_name}.json"
+    else:
+        path = check_name(path_or_name, "profile file", ProfileError)
+        if not exists(path, "profile"):
+            raise ProfileError(f"unknown profile {short_repr(text_name)}; use one of {', '.join(profile_names())} "
+                               "or the path of a profile JSON file")
+    return _parse(read_text(path, "profile", ProfileError), repr(str(path)))
+
+
+@lru_cache(maxsize=16)
+def default_profile(gpu_name: str) -> HardwareProfile:
+    """The published profile of a GPU (``A100-SXM4-80GB`` -> ``a100-sxm4-80gb-published``).
+
+    Cached: profiles are frozen, and one instance per GPU keeps the cost-model caches keyed on it
+    warm across the thousands of plans a search costs.
+    """
+    name = f"{gpu_name.lower()}-published"
+    if name not in profile_names():
+        raise ProfileError(f"no published profile for GPU {short_repr(gpu_name)}; pass --profile with a measured "
+                           f"profile or use one of {', '.join(profile_names())}")
+    return load_profile(name)
+
+
+def save_profile(profile: HardwareProfile, path: str | os.PathLike) -> Path:
+    """Write a profile atomically (see ``simulator.spec._io.write_output``)."""
+    return write_output(path, profile.model_dump_json(indent=2) + "\n", "profile")

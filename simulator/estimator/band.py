@@ -1,0 +1,107 @@
+"""The band on an answer: how far the profile's unpinned constants move a prediction.
+
+Every number no measurement pins is declared in its profile block with a plausible (low, high)
+range (``HardwareProfile.unpinned``). Each one is moved to either end of its range and the
+closed-form screen (``simulator.schedule.screen``) measures the effect on the iteration time; the engine
+then plays the two corners where every constant sits at its fast end, or at its slow end. That is
+2 n screens and 2 engine runs, not a grid, and the corners bound every combination of the
+constants as long as each acts the same way at any setting of the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simulator.cost.profile import HardwareProfile
+from simulator.schedule.screen import screen
+from simulator.schedule.timing import cost_model_for
+from simulator.spec.plan import Job
+
+
+class BandDriver(BaseModel):
+    """One unpinned constant and what the ends of its range do to the iteration time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    constant: str = Field(description="Where the constant lives in the profile, e.g. gemm.k_half.")
+    value: float
+    low: float
+    high: float
+    change_at_low: float = Field(description="Relative change of the iteration time with the constant at low.")
+    change_at_high: float = Field(description="Relative change of the iteration time with the constant at high.")
+
+
+class Band(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    iteration_time_s_low: float
+    iteration_time_s_high: float
+    drivers: tuple[BandDriver, ...] = Field(description="The constants that move the answer, largest effect first.")
+
+
+@dataclass(frozen=True)
+class Corners:
+    """The two profiles at the ends of the band (every constant at its fast, or slow, end)."""
+
+    fast: HardwareProfile
+    slow: HardwareProfile
+    drivers: tuple[BandDriver, ...]
+
+
+def _profile(job: Job, profile) -> HardwareProfile:
+    return cost_model_for(job, profile).profile
+
+
+def corners(job: Job, profile=None, top: int = 5) -> Corners:
+    """Screen each unpinned constant at both ends of its range; return the two corner profiles."""
+    base_profile = _profile(job, profile)
+    base = screen(job, base_profile)
+    fast, slow, drivers = base_profile, base_profile, []
+    for path, value, low, high in base_profile.unpinned():
+        changes = []
+        for end in (low, high):
+            changes.append(0.0 if end == value else screen(job, base_profile.with_value(path, end)) / base - 1)
+        at_low, at_high = changes
+        fast_end, slow_end = (low, high) if at_low <= at_high else (high, low)
+        if fast_end != value:
+            fast = fast.with_value(path, fast_end)
+        if slow_end != value:
+            slow = slow.with_value(path, slow_end)
+        drivers.append(BandDriver(constant=path, value=value, low=low, high=high, change_at_low=at_low,
+                                  change_at_high=at_high))
+    drivers.sort(key=lambda d: -max(abs(d.change_at_low), abs(d.change_at_high)))
+    moving = tuple(d for d in drivers if max(abs(d.change_at_low), abs(d.change_at_high)) > 1e-4)
+    return Corners(fast, slow, moving[:top])
+
+
+def band(job: Job, profile=None, iteration_time_s: float | None = None) -> Band:
+    """The iteration time at the two corners, played by the engine (never narrower than the answer)."""
+    from simulator.estimator.prediction import estimate
+
+    c = corners(job, profile)
+    t = iteration_time_s if iteration_time_s is not None else estimate(job, profile).iteration_time_s
+    low = estimate(job, c.fast).iteration_time_s
+    high = estimate(job, c.slow).iteration_time_s
+    return Band(iteration_time_s_low=min(low, t), iteration_time_s_high=max(high, t), drivers=c.drivers)
+
+
+def estimate_with_band(job: Job, profile=None, tokens: float | None = None):
+    """``estimate`` with the band filled in: iteration time and training days at both corners."""
+    from simulator.estimator.prediction import estimate
+
+    return with_band(job, estimate(job, profile, tokens), profile)
+
+
+def with_band(job: Job, est, profile=None):
+    """``est`` (an ``Estimate`` of ``job``) with its band filled in."""
+    b = band(job, profile, est.iteration_time_s)
+    scale = (est.training_days / est.iteration_time_s) if est.training_days is not None else None
+    return est.model_copy(update={
+        "iteration_time_s_low": b.iteration_time_s_low,
+        "iteration_time_s_high": b.iteration_time_s_high,
+        "training_days_low": None if scale is None else b.iteration_time_s_low * scale,
+        "training_days_high": None if scale is None else b.iteration_time_s_high * scale,
+        "band_drivers": tuple(d.model_dump() for d in b.drivers),
+    })

@@ -1,0 +1,77 @@
+"""The report's trust section: every measured data set's errors side by side with its role, and the
+band of the published checks and of the headline.
+"""
+
+from __future__ import annotations
+
+from simulator.estimator.band import band
+from simulator.estimator.prediction import estimate
+from simulator.measure.datasets import REGISTRY, Role, SetErrors, evaluate
+
+ROLE_TEXT = {
+    Role.checked: "checked while building (nothing fitted)",
+    Role.fitted: "fitted (in-sample for the constants named)",
+    Role.held_out: "held out (never used while building)",
+}
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+def registry_section(headline_job=None, headline_days: float | None = None) -> tuple[list[str], dict]:
+    """Markdown lines and data: one row per data set, its subsets, the Table 5 band and the headline's."""
+    from simulator.measure import korthikanti as k
+
+    lines = ["## 7. How far to trust it: every measured data set, in-sample and not", "",
+             "Each data set in the repository is declared once (`simulator/measure/datasets.py`) with its source and its "
+             "role. Errors are (predicted - measured) / measured with the published profile (the CPU runs with the "
+             "profile measured beside them); a set the profile was fitted to measures the fit, not the model's "
+             "reach, so read the roles before the numbers.", ""]
+    rows, data = [], {}
+    results: dict[str, SetErrors] = {}
+    for ds in REGISTRY:
+        e = evaluate(ds)
+        if not e.rows:  # a set whose measurements this checkout does not hold
+            continue
+        results[ds.key] = e
+        worst = "; ".join(f"{r.label} {_pct(r.error)}" for r in e.worst(2))
+        rows.append(f"| {ds.title} | {ROLE_TEXT[ds.role]}{': ' + ', '.join(ds.fitted) if ds.fitted else ''} | "
+                    f"{len(e.rows):,} | {e.mean_abs_error * 100:.1f}% | {_pct(e.bias)} | {worst} |")
+        data[ds.key] = {"role": ds.role.value, "fitted": list(ds.fitted), "runs": len(e.rows),
+                        "mean_abs_error": e.mean_abs_error, "bias": e.bias,
+                        "subsets": {t: {str(v): list(x) for v, x in by.items()} for t, by in e.subsets.items()}}
+    lines += ["| data set | role | runs | mean abs. error | signed bias | worst rows |", "|---|---|---|---|---|---|", *rows]
+    for ds in (ds for ds in REGISTRY if ds.key in results):
+        e = results[ds.key]
+        for tag, by in e.subsets.items():
+            cells = ", ".join(f"{tag} {v}: {_pct(bias)} ({n})" for v, (_, bias, n) in by.items())
+            lines += ["", f"{ds.key}, signed bias by {tag} (runs): {cells}"]
+    lines += ["", "Measured runs kept outside the repository judge the model on data it never saw; they are not "
+              "reproduced here.", "", "### The band on the checks and on the headline", "",
+              "The band moves every unpinned profile constant to the ends of its declared range "
+              "(`simulator/estimator/band.py`); a published time inside it is consistent with the profile's own uncertainty.",
+              "", "| configuration | published (s) | predicted (s) | band (s) | inside |", "|---|---|---|---|---|"]
+    bands = []
+    for row in k.table5_rows():
+        job = k.table5_job(row)
+        label = f"{job.model.name} {'SP + selective' if row['parallel']['sp'] else 'full recompute'}"
+        published = row["measured"]["iteration_time_s"]
+        pred = estimate(job).iteration_time_s
+        b = band(job, None, pred)
+        inside = b.iteration_time_s_low <= published <= b.iteration_time_s_high
+        bands.append({"label": label, "published": published, "predicted": pred, "low": b.iteration_time_s_low,
+                      "high": b.iteration_time_s_high, "inside": inside})
+        lines.append(f"| {label} | {published:.2f} | {pred:.2f} | {b.iteration_time_s_low:.2f}-"
+                     f"{b.iteration_time_s_high:.2f} | {'yes' if inside else 'no'} |")
+    data["table5_band"] = bands
+    if headline_job is not None and headline_days is not None:
+        t = estimate(headline_job).iteration_time_s
+        hb = band(headline_job, None, t)
+        low, high = headline_days * hb.iteration_time_s_low / t, headline_days * hb.iteration_time_s_high / t
+        lines += ["", f"The headline's {headline_days:.1f} days (section 1) have the band {low:.1f}-{high:.1f} days; "
+                  "the constants that move it most: "
+                  + ", ".join(f"`{d.constant}` ({_pct(d.change_at_low)} .. {_pct(d.change_at_high)})"
+                              for d in hb.drivers[:3]) + "."]
+        data["headline_band_days"] = [low, high]
+    return lines + [""], data

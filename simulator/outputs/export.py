@@ -1,0 +1,474 @@
+"""A job as the launch that runs it: Megatron-LM's ``pretrain_gpt.py`` flags and environment, the NeMo
+config fragment, and megatron-core's ``TransformerConfig`` / ``DistributedDataParallelConfig``.
+
+Every output states everything the simulation assumed, with the names current Megatron-LM reads
+(megatron-core 0.16 and its ``arguments.py``), so that a copied launch runs the simulated job:
+
+- the architecture (Megatron's defaults are GPT-3's: LayerNorm, GeLU, learned positions, tied
+  embeddings, biases and 0.1 dropout, so a Llama says each of its differences, and the dropouts are
+  always printed);
+- ``--attention-backend`` (``--use-flash-attn`` is only read by the legacy models);
+- pipeline sends: the interleaved schedule overlaps them by default (``overlap_p2p_comm``), so a plan
+  that blocks says ``--no-overlap-p2p-communication``; the non-interleaved schedule never overlaps
+  them and has no flag (Megatron rejects the older ``--overlap-p2p-communication``);
+- interleaving as ``--num-virtual-stages-per-pipeline-rank``, the one form valid with uneven splits;
+- sharded data parallelism: ``optim`` is the distributed optimizer; ``optim_grads`` and
+  ``optim_grads_params`` are Megatron-FSDP (``--use-megatron-fsdp``), which also needs the distributed
+  optimizer and no gradient-accumulation fusion, and must not run with CUDA_DEVICE_MAX_CONNECTIONS=1;
+- mixture of experts: the experts (``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+  the shared experts, which layers have them as ``--moe-layer-freq``, an integer or Megatron's
+  python-list pattern such as ``([0]*3+[1]*58)``, and the capacity factor when tokens are dropped)
+  and their layout (``--expert-model-parallel-size``, ``--expert-tensor-parallel-size`` when it is not
+  TP, the dispatcher, which Megatron defaults to allgather, and ``--moe-grouped-gemm``). The router's
+  load balancing is Megatron's default (aux_loss) and is not printed; the load imbalance the plan
+  assumes is the simulator's own and is stated in its output, not in the launch.
+
+What no flag can say (the tokenizer, GPipe, a node that is not full) is in ``megatron_notes``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from simulator.spec.errors import ConfigError
+from simulator.spec.model import Normalization
+from simulator.spec.plan import DataParallelSharding, Job, PipelineSchedule, Precision, RecomputeGranularity
+
+# The sharding levels Megatron runs with Megatron-FSDP; `optim` is the distributed optimizer itself.
+FSDP_LEVELS = (DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params)
+MEGATRON_VOCAB_MULTIPLE = 128  # --make-vocab-size-divisible-by's default
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def vocab_multiple(job: Job) -> int:
+    """``--make-vocab-size-divisible-by``: the largest power of two up to Megatron's 128 whose multiple by
+    TP divides the vocabulary, so Megatron pads a tokenizer of that size to exactly ``vocab_size``."""
+    v, t = job.model.vocab_size, job.plan.tensor_parallel_size
+    d = MEGATRON_VOCAB_MULTIPLE
+    while d > 1 and v % (d * t):
+        d //= 2
+    return d
+
+
+def uses_megatron_fsdp(job: Job) -> bool:
+    return job.plan.sharding in FSDP_LEVELS
+
+
+def layout_string(job: Job) -> str | None:
+    """``--pipeline-model-parallel-layout`` for an explicit per-stage split ('Et*5|t*6|t*5L'), else None."""
+    split = job.plan.pipeline_layer_split
+    if split is None:
+        return None
+    stages = [f"t*{n}" for n in split]
+    stages[0] = "E" + stages[0]
+    stages[-1] += "L"
+    return "|".join(stages)
+
+
+def layer_freq_pattern(freq: tuple[int, ...]) -> str:
+    """Megatron's python-list form of a per-layer 0/1 ``--moe-layer-freq``, as short as runs make it:
+    (0, 0, 0, 1, ..., 1) -> '([0]*3+[1]*58)', (1, 0) x 12 -> '([1]+[0])*12'."""
+    n = len(freq)
+    period = next(p for p in range(1, n + 1) if n % p == 0 and freq == freq[:p] * (n // p))
+    runs: list[list[int]] = []
+    for x in freq[:period]:
+        if runs and runs[-1][0] == x:
+            runs[-1][1] += 1
+        else:
+            runs.append([x, 1])
+    body = "+".join(f"[{x}]" + (f"*{k}" if k > 1 else "") for x, k in runs)
+    return f"({body})" + (f"*{n // period}" if n // period > 1 else "")
+
+
+def _moe_args(job: Job) -> list[str]:
+    m, p = job.model, job.plan
+    if not m.is_moe:
+        return []
+    args = [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.moe_router_topk}",
+            f"--moe-ffn-hidden-size {m.expert_ffn_size}"]
+    if m.moe_shared_expert_intermediate_size:
+        args.append(f"--moe-shared-expert-intermediate-size {m.moe_shared_expert_intermediate_size}")
+    if isinstance(m.moe_layer_freq, tuple):
+        args.append(f"--moe-layer-freq {shlex.quote(layer_freq_pattern(m.moe_layer_freq))}")
+    elif m.moe_layer_freq != 1:
+        args.append(f"--moe-layer-freq {m.moe_layer_freq}")
+    if m.moe_expert_capacity_factor is not None:
+        args.append(f"--moe-expert-capacity-factor {_num(m.moe_expert_capacity_factor)}")
+    args.append(f"--expert-model-parallel-size {p.expert_model_parallel_size}")
+    if p.expert_tensor_parallel_size is not None:
+        args.append(f"--expert-tensor-parallel-size {p.expert_tensor_parallel_size}")
+    args.append(f"--moe-token-dispatcher-type {p.moe_token_dispatcher_type.value}")
+    if p.moe_grouped_gemm:
+        args.append("--moe-grouped-gemm")
+    return args
+
+
+def megatron_args(job: Job) -> list[str]:
+    """``pretrain_gpt.py`` arguments for the model and plan, one flag (with its value) per string."""
+    m, p = job.model, job.plan
+    args = [
+        f"--num-layers {m.num_layers}",
+        f"--hidden-size {m.hidden_size}",
+        f"--num-attention-heads {m.num_attention_heads}",
+        f"--ffn-hidden-size {m.ffn_size}",
+        f"--seq-length {m.seq_length}",
+        f"--max-position-embeddings {m.seq_length}",
+        f"--vocab-size {m.vocab_size}",
+        f"--make-vocab-size-divisible-by {vocab_multiple(job)}",
+    ]
+    if m.query_groups != m.num_attention_heads:
+        args += ["--group-query-attention", f"--num-query-groups {m.query_groups}"]
+    if m.kv_channels is not None and m.kv_channels * m.num_attention_heads != m.hidden_size:
+        args.append(f"--kv-channels {m.kv_channels}")
+    if m.qk_layernorm:
+        args.append("--qk-layernorm")
+    args.append(f"--normalization {m.normalization.value}")
+    if m.swiglu:
+        args.append("--swiglu")
+    args.append(f"--position-embedding-type {m.position_embedding_type.value}")
+    if m.untie_embeddings_and_output_weights:
+        args.append("--untie-embeddings-and-output-weights")
+    if not m.add_bias_linear:
+        args.append("--disable-bias-linear")
+    args += [f"--attention-dropout {_num(m.attention_dropout)}", f"--hidden-dropout {_num(m.hidden_dropout)}",
+             f"--attention-backend {p.attention_backend.value}",
+             f"--tensor-model-parallel-size {p.tensor_parallel_size}",
+             f"--pipeline-model-parallel-size {p.pipeline_parallel_size}"]
+    args += _moe_args(job)
+    if p.context_parallel_size > 1:
+        args += [f"--context-parallel-size {p.context_parallel_size}", f"--cp-comm-type {p.cp_comm_type.value}"]
+    if p.interleaved:
+        args.append(f"--num-virtual-stages-per-pipeline-rank {p.virtual_pipeline_stages}")
+        if not p.overlap_p2p_comm:
+            args.append("--no-overlap-p2p-communication")
+    for flag, value in (("--decoder-first-pipeline-num-layers", p.decoder_first_pipeline_num_layers),
+                        ("--decoder-last-pipeline-num-layers", p.decoder_last_pipeline_num_layers)):
+        if value is not None:
+            args.append(f"{flag} {value}")
+    if p.account_for_embedding_in_pipeline_split:
+        args.append("--account-for-embedding-in-pipeline-split")
+    if p.account_for_loss_in_pipeline_split:
+        args.append("--account-for-loss-in-pipeline-split")
+    layout = layout_string(job)
+    if layout is not None:
+        args.append(f"--pipeline-model-parallel-layout {layout}")
+    if p.sequence_parallel:
+        args.append("--sequence-parallel")
+    if p.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
+    args += [f"--micro-batch-size {p.micro_batch_size}", f"--global-batch-size {p.global_batch_size}"]
+    g = p.recompute.granularity
+    if g is not RecomputeGranularity.none:
+        args.append(f"--recompute-granularity {g.value}")
+    if g is RecomputeGranularity.full:
+        args += [f"--recompute-method {p.recompute.method.value}", f"--recompute-num-layers {p.recompute.num_layers}"]
+    if p.shards_optimizer:
+        args.append("--use-distributed-optimizer")
+    if uses_megatron_fsdp(job):
+        args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {p.sharding.value}",
+                 "--no-gradient-accumulation-fusion"]
+    if p.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+    if p.overlap_param_gather:
+        args.append("--overlap-param-gather")
+    if p.ddp_bucket_size is not None:
+        args.append(f"--ddp-bucket-size {p.ddp_bucket_size}")
+    if p.precision is not Precision.fp32:
+        args.append(f"--{p.precision.value}")
+    if p.accumulate_allreduce_grads_in_fp32:
+        args.append("--accumulate-allreduce-grads-in-fp32")
+    if p.fp8_format is not None:
+        args += [f"--fp8-format {p.fp8_format.value}", "--transformer-impl transformer_engine"]
+    return args
+
+
+def megatron_env(job: Job) -> dict[str, str]:
+    """Environment the launch needs. With TP or CP, Megatron wants one CUDA work queue
+    (CUDA_DEVICE_MAX_CONNECTIONS=1) so each collective is issued before the GEMM it overlaps;
+    sequence parallelism required it in Megatron's older releases. Megatron-FSDP asserts the opposite,
+    so its jobs get CUDA's default of 8."""
+    p = job.plan
+    if uses_megatron_fsdp(job):
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}
+    if p.tensor_parallel_size > 1 or p.context_parallel_size > 1:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def node_shape(job: Job) -> tuple[int, int]:
+    """(nodes, processes per node) for torchrun and NeMo, which start as many processes on every node.
+    The simulation fills nodes in rank order; where the GPUs do not fill whole nodes this is the most
+    GPUs per node that divides the count and keeps each tensor-parallel group inside a node."""
+    n, per_node, t = job.num_gpus, job.cluster.gpus_per_node, job.plan.tensor_parallel_size
+    if n <= per_node:
+        return 1, n
+    if n % per_node == 0:
+        return n // per_node, per_node
+    fits = [d for d in range(1, per_node + 1) if n % d == 0]
+    d = max([d for d in fits if d % t == 0] or fits)
+    return n // d, d
+
+
+def megatron_notes(job: Job) -> list[str]:
+    """What the flags and environment cannot say, one sentence each."""
+    m, p = job.model, job.plan
+    notes = [f"the padded vocabulary is {m.vocab_size:,}: Megatron takes it from the tokenizer padded to a "
+             f"multiple of {vocab_multiple(job)} x TP; --vocab-size is read only by the NullTokenizer, which adds "
+             f"an end-of-document token (give it {m.vocab_size - 1})"]
+    nodes, per_node = node_shape(job)
+    if nodes * per_node == job.num_gpus and per_node < job.cluster.gpus_per_node and nodes > 1:
+        notes.append(f"{job.num_gpus} GPUs do not fill nodes of {job.cluster.gpus_per_node}: the launch runs "
+                     f"{nodes} nodes of {per_node}, while the simulation packed full nodes first")
+    if p.schedule is PipelineSchedule.gpipe:
+        notes.append("Megatron has no GPipe schedule: it runs 1F1B, which the simulation did not")
+    if p.overlap_p2p_comm and not p.interleaved and p.pipeline_parallel_size > 1:
+        notes.append("Megatron overlaps pipeline sends only in the interleaved schedule; this plan's overlap has "
+                     "no flag")
+    if p.interleaved and not p.overlap_p2p_comm and p.pipeline_parallel_size <= 2:
+        notes.append("Megatron refuses interleaving without overlapped pipeline sends at PP "
+                     f"{p.pipeline_parallel_size}; drop --no-overlap-p2p-communication (and simulate with overlap)")
+    if uses_megatron_fsdp(job) and (p.tensor_parallel_size > 1 or p.context_parallel_size > 1):
+        notes.append("Megatron-FSDP with TP or CP runs without CUDA_DEVICE_MAX_CONNECTIONS=1, so TP/CP collectives "
+                     "may overlap less than simulated")
+    if m.is_moe:
+        notes += _moe_notes(job)
+    return notes
+
+
+def _moe_notes(job: Job) -> list[str]:
+    m, p = job.model, job.plan
+    notes = [f"the plan assumes the busiest expert rank gets {_num(m.moe_load_imbalance)} x its balanced share of "
+             "tokens (the simulator's --moe-load-imbalance; no Megatron flag sets it, the router's training does)"]
+    if m.add_bias_linear and p.expert_tp_size > 1:
+        notes.append(f"megatron-core builds MoE layers with biases only at expert tensor-parallel size 1 (this plan "
+                     f"has {p.expert_tp_size}); add --expert-tensor-parallel-size 1 or --disable-bias-linear")
+    if p.expert_model_parallel_size > 1 and p.precision is Precision.fp16:
+        notes.append("Megatron-LM refuses expert parallelism with --fp16; train in bf16")
+    return notes
+
+
+def launch_lines(job: Job) -> list[str]:
+    """The launch as shell lines: the environment, then torchrun with every flag."""
+    nodes, per_node = node_shape(job)
+    env = " ".join(f"{k}={v}" for k, v in megatron_env(job).items())
+    head = (f"{env} " if env else "") + f"torchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py"
+    return [head, *megatron_args(job)]
+
+
+def render_launch(job: Job, indent: str = "  ") -> str:
+    """The launch for a person: comment lines for the notes, then the command with continuations."""
+    notes = [f"{indent}# {n}" for n in megatron_notes(job)]
+    return "\n".join(notes + [indent + f" \\\n{indent}  ".join(launch_lines(job))])
+
+
+def _yaml(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def nemo_yaml(job: Job) -> str:
+    """The ``trainer``/``model`` fragment of NeMo's Megatron GPT config (``megatron_gpt_config.yaml``) that,
+    merged into the base config, trains the simulated model with the simulated layout. Keys that are
+    megatron-core ``TransformerConfig`` fields (context parallelism, the uneven split) pass through
+    NeMo to megatron-core under the same names."""
+    m, p = job.model, job.plan
+    g = p.recompute.granularity
+    nodes, per_node = node_shape(job)
+    notes = [n for n in megatron_notes(job) if "do not fill nodes" in n]
+    precision = {"bf16": "bf16", "fp16": 16, "fp32": 32}[p.precision.value]
+    activation = "fast-swiglu" if m.swiglu else "gelu"
+    model = {
+        "micro_batch_size": p.micro_batch_size,
+        "global_batch_size": p.global_batch_size,
+        "tensor_model_parallel_size": p.tensor_parallel_size,
+        "pipeline_model_parallel_size": p.pipeline_parallel_size,
+        "virtual_pipeline_model_parallel_size": p.virtual_pipeline_stages if p.interleaved else None,
+        "context_parallel_size": p.context_parallel_size,
+        "sequence_parallel": p.sequence_parallel,
+        "encoder_seq_length": m.seq_length,
+        "max_position_embeddings": m.seq_length,
+        "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "ffn_hidden_size": m.ffn_size,
+        "num_attention_heads": m.num_attention_heads,
+        "num_query_groups": m.query_groups if m.query_groups != m.num_attention_heads else None,
+        "normalization": "rmsnorm" if m.normalization is Normalization.rmsnorm else "layernorm",
+        "activation": activation,
+        "bias": m.add_bias_linear,
+        "position_embedding_type": m.position_embedding_type.value,
+        "share_embeddings_and_output_weights": not m.untie_embeddings_and_output_weights,
+        "hidden_dropout": _num(m.hidden_dropout),
+        "attention_dropout": _num(m.attention_dropout),
+        "ffn_dropout": 0,
+        "make_vocab_size_divisible_by": vocab_multiple(job),
+        "use_flash_attention": p.use_flash_attention,
+        "overlap_p2p_comm": p.overlap_p2p_comm and p.interleaved,
+        "batch_p2p_comm": not (p.overlap_p2p_comm and p.interleaved),
+        "activations_checkpoint_granularity": g.value if g is not RecomputeGranularity.none else None,
+        "activations_checkpoint_method": p.recompute.method.value if g is RecomputeGranularity.full else None,
+        "activations_checkpoint_num_layers": p.recompute.num_layers if g is RecomputeGranularity.full else None,
+        "ub_tp_comm_overlap": p.tp_comm_overlap,
+        "transformer_engine": True,
+        "fp8": p.fp8_format is not None,
+        "fp8_hybrid": p.fp8_format is not None and p.fp8_format.value == "hybrid",
+        "fp8_e4m3": p.fp8_format is not None and p.fp8_format.value == "e4m3",
+        "megatron_amp_O2": p.precision is not Precision.fp32,
+    }
+    if p.context_parallel_size > 1:
+        model["cp_comm_type"] = p.cp_comm_type.value
+    if m.kv_channels is not None and m.kv_channels * m.num_attention_heads != m.hidden_size:
+        model["kv_channels"] = m.kv_channels
+    if m.qk_layernorm:
+        model["qk_layernorm"] = True
+    model.update(_moe_config(job, nemo=True))
+    for key, value in (("num_layers_in_first_pipeline_stage", p.decoder_first_pipeline_num_layers),
+                       ("num_layers_in_last_pipeline_stage", p.decoder_last_pipeline_num_layers)):
+        if value is not None:
+            model[key] = value
+    for key in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if getattr(p, key):
+            model[key] = True
+    if p.pipeline_layer_split is not None:
+        model["pipeline_model_parallel_layout"] = layout_string(job)
+    if uses_megatron_fsdp(job):
+        model["fsdp"] = True
+        model["fsdp_sharding_strategy"] = "full" if p.sharding is DataParallelSharding.optim_grads_params else "grad"
+    optim = {"name": "mcore_distributed_optim" if p.sharding is DataParallelSharding.optim else "fused_adam",
+             "overlap_grad_sync": p.overlap_grad_reduce, "overlap_param_sync": p.overlap_param_gather}
+    lines = [f"# {n}" for n in notes] + [
+        "trainer:",
+        f"  num_nodes: {nodes}",
+        f"  devices: {per_node}",
+        f"  precision: {precision}",
+        "model:",
+        *(f"  {k}: {_yaml(v)}" for k, v in model.items()),
+        "  optim:",
+        *(f"    {k}: {_yaml(v)}" for k, v in optim.items()),
+    ]
+    if p.ddp_bucket_size is not None:
+        lines.append(f"    bucket_cap_mb: {p.ddp_bucket_size * (4 if p.grad_bytes == 4 else 2) / 2**20:g}")
+    return "\n".join(lines) + "\n"
+
+
+def _moe_config(job: Job, nemo: bool = False) -> dict[str, Any]:
+    """The experts and their layout under megatron-core's names (NeMo passes them through unchanged);
+    empty for a dense model, whose outputs stay as they were."""
+    m, p = job.model, job.plan
+    if not m.is_moe:
+        return {}
+    freq = list(m.moe_layer_freq) if isinstance(m.moe_layer_freq, tuple) else m.moe_layer_freq
+    return {
+        "num_moe_experts": m.num_experts,
+        "moe_router_topk": m.moe_router_topk,
+        "moe_ffn_hidden_size": m.expert_ffn_size,
+        "moe_shared_expert_intermediate_size": m.moe_shared_expert_intermediate_size,
+        # a YAML flow list: NeMo reads it as the list megatron-core takes
+        "moe_layer_freq": f"[{', '.join(map(str, freq))}]" if nemo and isinstance(freq, list) else freq,
+        "moe_expert_capacity_factor": m.moe_expert_capacity_factor,
+        "expert_model_parallel_size": p.expert_model_parallel_size,
+        "expert_tensor_parallel_size": p.expert_tp_size,
+        "moe_token_dispatcher_type": p.moe_token_dispatcher_type.value,
+        "moe_grouped_gemm": p.moe_grouped_gemm,
+    }
+
+
+def transformer_config(job: Job) -> dict[str, Any]:
+    """megatron-core ``TransformerConfig`` keyword arguments as JSON. Three values are Python objects in
+    megatron-core and strings here: the dtypes ('bfloat16'), the activation ('gelu' or 'silu') and the
+    attention backend ('auto', an ``AttnBackend`` name); ``megatron_core_kwargs`` turns them back."""
+    m, p = job.model, job.plan
+    g = p.recompute.granularity
+    dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[p.precision.value]
+    overlap = p.overlap_p2p_comm and p.interleaved
+    extra = {"qk_layernorm": True} if m.qk_layernorm else {}
+    return {
+        "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "num_attention_heads": m.num_attention_heads,
+        "num_query_groups": m.query_groups,
+        "ffn_hidden_size": m.ffn_size,
+        "kv_channels": m.head_dim,
+        "hidden_dropout": m.hidden_dropout,
+        "attention_dropout": m.attention_dropout,
+        "normalization": m.normalization.value,
+        "add_bias_linear": m.add_bias_linear,
+        "gated_linear_unit": m.swiglu,
+        "activation_func": "silu" if m.swiglu else "gelu",
+        "attention_backend": p.attention_backend.value,
+        "tensor_model_parallel_size": p.tensor_parallel_size,
+        "pipeline_model_parallel_size": p.pipeline_parallel_size,
+        "virtual_pipeline_model_parallel_size": p.virtual_pipeline_stages if p.interleaved else None,
+        "context_parallel_size": p.context_parallel_size,
+        "cp_comm_type": p.cp_comm_type.value if p.context_parallel_size > 1 else None,
+        "sequence_parallel": p.sequence_parallel,
+        "tp_comm_overlap": p.tp_comm_overlap,
+        "overlap_p2p_comm": overlap,
+        "batch_p2p_comm": not overlap,
+        "num_layers_in_first_pipeline_stage": p.decoder_first_pipeline_num_layers,
+        "num_layers_in_last_pipeline_stage": p.decoder_last_pipeline_num_layers,
+        "account_for_embedding_in_pipeline_split": p.account_for_embedding_in_pipeline_split,
+        "account_for_loss_in_pipeline_split": p.account_for_loss_in_pipeline_split,
+        "pipeline_model_parallel_layout": layout_string(job),
+        "recompute_granularity": g.value if g is not RecomputeGranularity.none else None,
+        "recompute_method": p.recompute.method.value if g is RecomputeGranularity.full else None,
+        "recompute_num_layers": p.recompute.num_layers if g is RecomputeGranularity.full else None,
+        "bf16": p.precision is Precision.bf16,
+        "fp16": p.precision is Precision.fp16,
+        "params_dtype": dtype,
+        "pipeline_dtype": dtype,
+        "fp8": p.fp8_format.value if p.fp8_format is not None else None,
+        "transformer_impl": "transformer_engine",
+        **extra,
+        **_moe_config(job),
+    }
+
+
+def ddp_config(job: Job) -> dict[str, Any]:
+    """megatron-core ``DistributedDataParallelConfig`` keyword arguments (all plain JSON)."""
+    p = job.plan
+    fsdp = uses_megatron_fsdp(job)
+    return {
+        "grad_reduce_in_fp32": p.grad_bytes == 4,
+        "overlap_grad_reduce": p.overlap_grad_reduce,
+        "overlap_param_gather": p.overlap_param_gather,
+        "use_distributed_optimizer": p.shards_optimizer,
+        "bucket_size": p.ddp_bucket_size,
+        "use_megatron_fsdp": fsdp,
+        "data_parallel_sharding_strategy": p.sharding.value if fsdp else "no_shard",
+    }
+
+
+def gpt_model_args(job: Job) -> dict[str, Any]:
+    """The arguments of megatron-core's ``GPTModel`` beyond its ``TransformerConfig``."""
+    m = job.model
+    return {
+        "vocab_size": m.vocab_size,
+        "max_sequence_length": m.seq_length,
+        "position_embedding_type": m.position_embedding_type.value,
+        "share_embeddings_and_output_weights": not m.untie_embeddings_and_output_weights,
+    }
+
+
+def megatron_core_kwargs(config: dict[str, Any]) -> dict[str, Any]:
+    """``transformer_config``'s JSON with megatron-core's Python values (torch dtypes, the activation
+    function, ``AttnBackend``); needs torch and megatron-core (the ``megatron`` extra)."""
+    try:
+        import torch
+        import torch.nn.functional as F
+        from megatron.core.transformer.enums import AttnBackend
+    except ImportError as exc:
+        raise ConfigError(f"building a megatron-core config needs torch and megatron-core ({exc.name} is missing); "
+                          "install the 'megatron' extra") from None
+    out = dict(config)
+    for key in ("params_dtype", "pipeline_dtype"):
+        out[key] = getattr(torch, out[key])
+    out["activation_func"] = {"gelu": F.gelu, "silu": F.silu}[out["activation_func"]]
+    out["attention_backend"] = AttnBackend[out["attention_backend"]]
+    return out

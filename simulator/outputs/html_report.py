@@ -1,0 +1,159 @@
+"""An interactive page of a search, in one offline HTML file (plotly.js bundled inline).
+
+The Pareto plot shows every plan that fits; hovering a point shows its layout, iteration time, MFU,
+peak memory and throughput. Clicking a plan the engine simulated (the top plans and the Pareto
+front) selects it, and the bar below shows where its iteration goes; the best plan is selected
+when the page opens. Needs the ``html`` extra (plotly) only to bundle its JavaScript.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from simulator.estimator.prediction import Estimate, simulate_job
+from simulator.outputs.describe import layout
+from simulator.outputs.figure_data import breakdown_label, breakdown_parts, pareto_front, request_title
+from simulator.planner.plan_search import SearchRequest, SearchResult
+from simulator.spec.errors import ConfigError
+from simulator.spec.plan import Job
+from simulator.spec.units import gib
+
+
+def _simulated(est: Estimate, plan) -> dict[str, Any]:
+    return {"layout": layout(plan), "iteration_time_s": est.iteration_time_s, "mfu": est.mfu,
+            "peak_gib": gib(est.memory.peak_bytes), "tokens_per_s": est.tokens_per_s,
+            "parts": list(breakdown_parts(est).values())}
+
+
+def page_data(result: SearchResult, req: SearchRequest, profile=None) -> dict[str, Any]:
+    """The page's numbers: every plan that fits (closed-form screen) and the engine's breakdown of the
+    ranked plans and of every plan on the Pareto front (simulated here if the search did not)."""
+    best = result.best.estimate
+    mfu_seconds = best.mfu * best.iteration_time_s  # the same model FLOPs and peak for every plan
+    tokens = req.global_batch_size * req.model.seq_length
+    front = pareto_front([(s.peak_bytes, -s.screen_time_s) for s in result.screened])
+    engine = {r.plan: r.estimate for r in result.plans}
+    for i in front:
+        plan = result.screened[i].plan
+        if plan not in engine:
+            engine[plan] = simulate_job(Job(model=req.model, cluster=req.cluster, plan=plan), profile).estimate
+    simulated, index = [], {}
+    for plan in [r.plan for r in result.plans] + [result.screened[i].plan for i in front]:
+        if plan not in index:
+            index[plan] = len(simulated)
+            simulated.append(_simulated(engine[plan], plan))
+    plans = [[layout(s.plan), gib(s.peak_bytes), tokens / s.screen_time_s, mfu_seconds / s.screen_time_s,
+              s.screen_time_s, index.get(s.plan, -1)] for s in result.screened]
+    return {"title": request_title(req), "capacity_gib": gib(req.cluster.gpu.memory_bytes), "plans": plans,
+            "front": sorted(front, key=lambda i: result.screened[i].peak_bytes), "simulated": simulated,
+            "best": 0, "parts": [breakdown_label(k) for k in breakdown_parts(best)],
+            "summary": f"{result.enumerated:,} plans enumerated, {len(result.screened):,} fit in memory, "
+                       f"{len(simulated)} simulated by the engine"}
+
+
+_STYLE = """
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.2em; white-space: pre-line; }
+#selected { font-family: monospace; margin: 0.5em 0; }
+.note { color: #666; font-size: 0.9em; }
+"""
+
+_SCRIPT = r"""
+const D = JSON.parse(document.getElementById("page-data").textContent);
+const pct = x => (100 * x).toFixed(1) + "%";
+const num = x => Math.round(x).toLocaleString("en-US");
+function describe(p) {
+  const sim = p[5] >= 0 ? D.simulated[p[5]] : null;
+  const time = sim ? `iteration ${sim.iteration_time_s.toFixed(2)} s (engine; screen ${p[4].toFixed(2)} s)`
+                   : `iteration ${p[4].toFixed(2)} s (closed-form screen)`;
+  return `<b>${p[0]}</b><br>${time}<br>MFU ${pct(sim ? sim.mfu : p[3])}<br>peak memory ${p[1].toFixed(1)} GiB` +
+         `<br>${num(sim ? sim.tokens_per_s : p[2])} tokens/s`;
+}
+const P = D.plans;
+const sims = P.filter(p => p[5] >= 0);
+const best = P.find(p => p[5] === D.best);
+const traces = [
+  {type: "scatter", mode: "markers", name: `plans that fit (${P.length}, closed-form screen)`,
+   x: P.map(p => p[1]), y: P.map(p => p[2]), text: P.map(describe), customdata: P.map(p => p[5]),
+   hovertemplate: "%{text}<extra></extra>", marker: {size: 5, color: "#1f77b4", opacity: 0.45}},
+  {type: "scatter", mode: "lines+markers", name: `Pareto front (${D.front.length} plans)`,
+   x: D.front.map(i => P[i][1]), y: D.front.map(i => P[i][2]), text: D.front.map(i => describe(P[i])),
+   customdata: D.front.map(i => P[i][5]), hovertemplate: "%{text}<extra></extra>",
+   line: {color: "#ff7f0e"}, marker: {size: 6, color: "#ff7f0e"}},
+  {type: "scatter", mode: "markers", name: "simulated by the engine (click for its breakdown)",
+   x: sims.map(p => p[1]), y: sims.map(p => p[2]), text: sims.map(describe), customdata: sims.map(p => p[5]),
+   hovertemplate: "%{text}<extra></extra>", marker: {size: 9, symbol: "diamond", color: "#2ca02c"}},
+  {type: "scatter", mode: "markers", name: `best plan: ${best[0]}`, x: [best[1]], y: [best[2]],
+   text: [describe(best)], customdata: [D.best], hovertemplate: "%{text}<extra></extra>",
+   marker: {size: 16, symbol: "star", color: "#d62728"}},
+];
+const layout = {
+  title: {text: "Throughput against peak memory, every plan that fits"}, hovermode: "closest",
+  xaxis: {title: {text: "peak memory per GPU (GiB)"}}, yaxis: {title: {text: "throughput (tokens / s)"}},
+  shapes: [{type: "line", x0: D.capacity_gib, x1: D.capacity_gib, yref: "paper", y0: 0, y1: 1,
+            line: {dash: "dash", color: "grey"}}],
+  annotations: [{x: D.capacity_gib, yref: "paper", y: 1.02, text: `GPU memory (${D.capacity_gib.toFixed(0)} GiB)`,
+                 showarrow: false}],
+  legend: {orientation: "h", y: -0.2}, margin: {t: 50},
+};
+const config = {displaylogo: false, responsive: true};
+Plotly.newPlot("pareto", traces, layout, config);
+function select(i) {
+  const s = D.simulated[i];
+  document.getElementById("selected").textContent =
+    `selected: ${s.layout}: ${s.iteration_time_s.toFixed(2)} s per iteration, MFU ${pct(s.mfu)}, ` +
+    `peak ${s.peak_gib.toFixed(1)} GiB`;
+  const bars = D.parts.map((name, k) => ({type: "bar", orientation: "h", name: name, x: [s.parts[k]], y: [""],
+    hovertemplate: `${name}: %{x:.3f} s<extra></extra>`}));
+  Plotly.react("breakdown", bars, {barmode: "stack", title: {text: `Where the iteration goes: ${s.layout}`},
+    xaxis: {title: {text: "seconds per iteration (critical stage)"}},
+    legend: {orientation: "h", y: -0.5, traceorder: "normal"},
+    margin: {t: 40}}, config);
+}
+document.getElementById("pareto").on("plotly_click", ev => {
+  const i = ev.points[0].customdata;
+  if (i >= 0) select(i);
+  else document.getElementById("selected").textContent =
+    "not simulated by the engine (closed-form screen only): click a green, orange or red point for a breakdown";
+});
+select(D.best);
+"""
+
+
+def render_html(data: dict[str, Any]) -> str:
+    """The page as one string (plotly.js inline, the data as JSON): no network, same bytes for the same data."""
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError:
+        raise ConfigError("the HTML page needs plotly; install it with pip install 'megatron-perf-simulator[html]' "
+                          "(or pip install plotly)") from None
+    payload = json.dumps(data, sort_keys=True, separators=(",", ":")).replace("</", "<\\/")
+    title = data["title"].replace("\n", ", ")
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>", f"<style>{_STYLE}</style>",
+        f"<script>{get_plotlyjs()}</script>", "</head><body>",
+        f"<h1>{html.escape(data['title'])}</h1>", f'<p class="note">{html.escape(data["summary"])}. Hover a point for '
+        "its plan; click a simulated plan for its time breakdown.</p>",
+        '<div id="pareto" style="height:600px"></div>', '<div id="selected"></div>',
+        '<div id="breakdown" style="height:260px"></div>',
+        f'<script type="application/json" id="page-data">{payload}</script>',
+        f"<script>{_SCRIPT}</script>", "</body></html>", ""])
+
+
+def write_html(data: dict[str, Any], path: Path) -> None:
+    """Write the page atomically."""
+    text = render_html(data)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_search_html(result: SearchResult, req: SearchRequest, path: Path, profile=None) -> None:
+    write_html(page_data(result, req, profile), path)

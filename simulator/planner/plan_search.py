@@ -1,0 +1,238 @@
+"""The auto-configurator: every valid plan for a model on N GPUs, the fastest that fits first.
+
+Three tiers, cheapest first, as NeMo's hyper-parameter tool narrows its grid:
+1. enumerate the space (TP up to a node, PP dividing the layers, virtual stages, micro-batch,
+   SP, recompute with every useful number of checkpointed layers, distributed optimizer), with
+   the arithmetic rules of ``ParallelPlan``/``Job`` applied while generating, not after
+   (``simulator.planner.space``);
+2. prune by memory (the first and last stage bound every other) and screen the survivors with a
+   closed form over the same per-step durations the engine plays (``fast_iteration_time_s``); the
+   parts of both that many candidates share are computed once (``simulator.planner.memo``), and a
+   candidate becomes a pydantic plan only once it fits;
+3. simulate the finalists with the discrete-event engine and rank them by its iteration time.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simulator.estimator.band import corners
+from simulator.estimator.prediction import Estimate, simulate_job
+from simulator.planner.memo import SearchMemo, peak_bytes
+from simulator.planner.space import (
+    CP_MIN_TOKENS_PER_RANK,
+    CP_SIZES,
+    MICRO_BATCH_SIZES,
+    Candidate,
+    SearchPins,
+    SearchRequest,
+    candidates,
+    enumerate_plans,
+    pipeline_splits,
+    plan_template,
+)
+from simulator.schedule.screen import fast_iteration_time_s, screen
+from simulator.spec.errors import InfeasiblePlanError
+from simulator.spec.plan import Job, ParallelPlan, RecomputeMethod
+from simulator.spec.units import gib
+
+# How far the closed-form screen may be from the engine (tests/planner/test_search.py checks it on the
+# finalists); the engine stops once the next screened plan is that much slower than the top.
+SCREEN_MARGIN = 0.03
+
+
+class RankedPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int
+    plan: ParallelPlan
+    estimate: Estimate
+    screen_time_s: float = Field(description="The closed-form screen's iteration time for this plan.")
+    iteration_time_s_low: float | None = Field(
+        None, description="The iteration time at the band's fast corner (the best plan's unpinned constants at "
+                          "the ends that make it fastest).")
+    iteration_time_s_high: float | None = Field(None, description="... at the slow corner.")
+    within_band_of_best: bool = Field(
+        False, description="Its lead (or the best plan's) flips at a corner of the band: the profile cannot tell "
+                           "the two apart.")
+
+
+class ScreenedPlan(BaseModel):
+    """A plan that fits, with its closed-form time (every survivor of the memory prune)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    plan: ParallelPlan
+    screen_time_s: float
+    peak_bytes: int
+
+
+class SearchResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    plans: list[RankedPlan]
+    screened: list[ScreenedPlan] = Field(description="Every plan that fits, with its screen time (for the Pareto plot).")
+    enumerated: int
+    pruned_memory: int
+    simulated: int
+    elapsed_s: float
+
+    @property
+    def best(self) -> RankedPlan:
+        return self.plans[0]
+
+
+def _fewest_checkpointed_layers(cands: list[Candidate]) -> list:
+    """An MoE model multiplies the space by EP and ETP. There each layout's block-recompute candidates
+    are gathered (in place of the first) into one list, of which only the one with the fewest
+    checkpointed layers that fits is screened: each layer more only adds recompute time and saves memory."""
+    out: list = []
+    groups: dict[tuple, list] = {}
+    for c in cands:
+        if c.recompute.method is not RecomputeMethod.block:
+            out.append(c)
+            continue
+        key = (c.t, c.cp, c.p, c.d, c.v, c.mbs, c.sp, c.sharding, c.ep, c.etp, c.split)
+        if key not in groups:
+            groups[key] = []
+            out.append(groups[key])
+        groups[key].append(c)
+    return out
+
+
+def _first_that_fits(memo: SearchMemo, cands: list[Candidate], capacity: int, closest: "_Closest"):
+    """The candidate of ``cands`` (more checkpointed layers, less memory, one after another) with the
+    fewest checkpointed layers that fits, found by bisection; None (noting the closest miss) when none fits."""
+    lo, hi = 0, len(cands) - 1
+    last = memo.peak_bytes(cands[hi])
+    if last > capacity:
+        closest.note(cands[hi], last, capacity)
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if memo.peak_bytes(cands[mid]) <= capacity:
+            hi = mid
+        else:
+            lo = mid + 1
+    return cands[lo]
+
+
+@dataclass
+class _Closest:
+    """The candidate that missed the GPU's memory by the least."""
+
+    overflow_bytes: float = float("inf")
+    candidate: Candidate | None = None
+    peak: int = 0
+
+    def note(self, c: Candidate, peak: int, capacity: int) -> None:
+        if peak - capacity < self.overflow_bytes:
+            self.overflow_bytes, self.candidate, self.peak = peak - capacity, c, peak
+
+
+def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: list) -> list[RankedPlan]:
+    """The ranked plans with their bands: the corners are the best plan's, and each plan's time at a
+    corner is its engine time scaled by what the screen says the corner does to it (the screen at the
+    profile itself is the plan's screen time)."""
+    if not ranked:
+        return []
+    c = corners(Job.model_construct(model=req.model, cluster=req.cluster, plan=ranked[0][1].plan), profile)
+    fast, slow = SearchMemo(req, template, c.fast), SearchMemo(req, template, c.slow)
+    bands = []
+    for est, cand, layout in ranked:
+        base = cand.screen_time_s
+        bands.append((est.iteration_time_s * fast.screen_s(layout, cand.plan) / base,
+                      est.iteration_time_s * slow.screen_s(layout, cand.plan) / base))
+    (best_low, best_high) = bands[0]
+    return [RankedPlan(rank=i + 1, plan=cand.plan, estimate=est, screen_time_s=cand.screen_time_s,
+                       iteration_time_s_low=low, iteration_time_s_high=high,
+                       within_band_of_best=i > 0 and (low <= best_low or high <= best_high))
+            for i, ((est, cand, _), (low, high)) in enumerate(zip(ranked, bands))]
+
+
+def search(req: SearchRequest, profile=None, tokens: float | None = None, top: int = 10,
+           progress: Callable[[str, int, int], None] | None = None) -> SearchResult:
+    """Rank every valid plan that fits by simulated iteration time.
+
+    ``progress(phase, done, total)`` is called as the screen ("screening") and the engine
+    ("simulating") work through their candidates.
+    """
+    with _without_cyclic_gc():
+        return _search(req, profile, tokens, top, progress)
+
+
+@contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """A search allocates millions of short-lived tuples and no reference cycles that outlive it; the
+    cyclic collector would only rescan its memo and the cached layer graphs over and over (a sixth of
+    a dense search's time and a fifth of an MoE search's), as it would the engine's events."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _search(req: SearchRequest, profile, tokens: float | None, top: int,
+            progress: Callable[[str, int, int], None] | None) -> SearchResult:
+    started = time.perf_counter()
+    capacity = req.cluster.gpu.memory_bytes
+    template = plan_template(req)
+    memo = SearchMemo(req, template, profile)
+    screened: list[ScreenedPlan] = []
+    layouts: list[Candidate] = []  # each screened plan's candidate
+    closest = _Closest()
+    space = list(candidates(req))
+    enumerated = len(space)
+    todo = _fewest_checkpointed_layers(space) if req.model.is_moe else space
+    for i, c in enumerate(todo, 1):
+        if progress is not None and i % 256 == 0:
+            progress("screening", i, len(todo))
+        if isinstance(c, list):  # one layout's block recomputes, fewest checkpointed layers first
+            c = _first_that_fits(memo, c, capacity, closest)
+            if c is None:
+                continue
+        peak = memo.peak_bytes(c)
+        if peak > capacity:
+            closest.note(c, peak, capacity)
+            continue
+        plan = memo.job(c).plan
+        screened.append(ScreenedPlan(plan=plan, screen_time_s=memo.screen_s(c, plan), peak_bytes=peak))
+        layouts.append(c)
+    if enumerated == 0:
+        raise InfeasiblePlanError(
+            f"no plan of {req.model.name} on {req.num_gpus} GPUs with global batch {req.global_batch_size} satisfies "
+            "the parallelism rules and the pinned dimensions; relax a pin or change the GPU count or batch"
+        )
+    if not screened:
+        p = closest.candidate.plan(template)
+        raise InfeasiblePlanError(
+            f"no plan of {req.model.name} fits in {gib(capacity):.0f} GiB per GPU on {req.num_gpus} GPUs; the closest "
+            f"(TP {p.tensor_parallel_size}, PP {p.pipeline_parallel_size}, micro-batch {p.micro_batch_size}, "
+            f"recompute {p.recompute.granularity.value}) needs {gib(closest.peak):.1f} GiB, "
+            f"{gib(closest.overflow_bytes):.1f} GiB too many; use more GPUs or GPUs with more memory"
+        )
+    order = sorted(range(len(screened)), key=lambda i: screened[i].screen_time_s)  # stable: ties keep their order
+    screened, layouts = [screened[i] for i in order], [layouts[i] for i in order]
+    n = max(req.finalists, top)
+    ranked = []
+    for i, (cand, layout) in enumerate(zip(screened[:n], layouts[:n])):
+        if len(ranked) >= top and cand.screen_time_s > ranked[top - 1][0].iteration_time_s * (1 + SCREEN_MARGIN):
+            break  # the screen is within SCREEN_MARGIN of the engine, so no later plan can enter the top
+        job = Job(model=req.model, cluster=req.cluster, plan=cand.plan)
+        ranked.append((simulate_job(job, profile, tokens).estimate, cand, layout))
+        ranked.sort(key=lambda r: r[0].iteration_time_s)
+        if progress is not None:
+            progress("simulating", i + 1, min(n, len(screened)))
+    plans = _with_bands(req, profile, template, ranked[:top])
+    return SearchResult(plans=plans, screened=screened, enumerated=enumerated,
+                        pruned_memory=enumerated - len(screened), simulated=len(ranked),
+                        elapsed_s=time.perf_counter() - started)

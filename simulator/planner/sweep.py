@@ -1,0 +1,264 @@
+"""Capacity studies: one search per point of a grid of models x GPU counts x global batches x clusters
+(x sequence lengths), run on local processes or on a Ray cluster, written as a table and figures.
+
+The grid is a YAML file (``SweepSpec``). Each point is a search; its row is the best plan with its
+time, band, MFU, memory and training days, or the sentence saying why no plan fits. Rows are
+keyed by their point, so a rerun skips the points already in the output (resumable), and every
+executor returns the same rows: a point's row depends on nothing but the point.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterable
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from simulator.spec._io import build, read_mapping
+from simulator.spec.errors import ConfigError, SimulatorError
+
+MAX_POINTS = 100_000
+RESULTS_JSON = "results.json"
+RESULTS_CSV = "results.csv"
+COLUMNS = ("model", "cluster", "gpus", "global_batch_size", "seq_length", "status", "plan", "iteration_time_s",
+           "iteration_time_s_low", "iteration_time_s_high", "mfu", "tokens_per_s", "peak_gib", "training_days",
+           "training_days_low", "training_days_high", "outside_validated_range", "message")
+
+
+class SweepSpec(BaseModel):
+    """A grid of searches. Every list is one axis; the sweep is their product."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    models: tuple[str, ...] = Field(min_length=1, description="Presets or model files.")
+    gpus: tuple[PositiveInt, ...] = Field(min_length=1, description="GPU counts.")
+    global_batch_sizes: tuple[PositiveInt, ...] = Field(min_length=1, description="Sequences per iteration.")
+    clusters: tuple[str, ...] = Field(("dgx-a100-80gb",), min_length=1, description="Cluster presets or files.")
+    seq_lengths: tuple[PositiveInt | None, ...] = Field(
+        (None,), min_length=1, description="Sequence lengths (None: the model's).")
+    tokens: float | None = Field(None, gt=0, description="Training tokens, for days.")
+    use_flash_attention: bool = False
+
+    @model_validator(mode="after")
+    def _grid_is_bounded(self) -> "SweepSpec":
+        n = len(self.models) * len(self.gpus) * len(self.global_batch_sizes) * len(self.clusters) * len(self.seq_lengths)
+        if n > MAX_POINTS:
+            raise ValueError(f"the grid has {n:,} points, more than {MAX_POINTS:,}; split it into several sweeps")
+        return self
+
+    def points(self) -> list["SweepPoint"]:
+        return [SweepPoint(model=m, cluster=c, gpus=g, global_batch_size=b, seq_length=s, tokens=self.tokens,
+                           use_flash_attention=self.use_flash_attention)
+                for m, c, g, b, s in itertools.product(self.models, self.clusters, self.gpus,
+                                                       self.global_batch_sizes, self.seq_lengths)]
+
+
+class SweepPoint(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    cluster: str
+    gpus: int = Field(gt=0)
+    global_batch_size: int = Field(gt=0)
+    seq_length: int | None = Field(None, gt=0)
+    tokens: float | None = None
+    use_flash_attention: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}|{self.cluster}|{self.gpus}|{self.global_batch_size}|{self.seq_length}"
+
+
+def load_spec(path: str | os.PathLike) -> SweepSpec:
+    return build(SweepSpec, read_mapping(Path(path), "sweep spec"), f"sweep spec {str(path)!r}")
+
+
+def _describe(plan) -> str:
+    r = plan.recompute
+    return (f"TP{plan.tensor_parallel_size} PP{plan.pipeline_parallel_size}"
+            + (f"x{plan.virtual_pipeline_stages}" if plan.interleaved else "")
+            + f" DP{plan.data_parallel_size} mbs{plan.micro_batch_size} SP{'+' if plan.sequence_parallel else '-'} "
+            + r.granularity.value + (" distopt" if plan.use_distributed_optimizer else ""))
+
+
+def run_point(point: SweepPoint) -> dict:
+    """The row of one grid point: its best plan, or why there is none (never raises a user error)."""
+    from simulator.estimator.band import with_band
+    from simulator.planner.plan_search import SearchRequest, search
+    from simulator.spec.catalog import load_model
+    from simulator.spec.hardware import load_cluster
+    from simulator.spec.plan import Job
+
+    row: dict = {"key": point.key, "model": point.model, "cluster": point.cluster, "gpus": point.gpus,
+                 "global_batch_size": point.global_batch_size, "seq_length": point.seq_length}
+    try:
+        model = load_model(point.model, point.seq_length)
+        row["seq_length"] = model.seq_length
+        req = SearchRequest(model=model, cluster=load_cluster(point.cluster), num_gpus=point.gpus,
+                            global_batch_size=point.global_batch_size, use_flash_attention=point.use_flash_attention)
+        best = search(req, tokens=point.tokens, top=1).best
+        job = Job(model=req.model, cluster=req.cluster, plan=best.plan)
+        est = with_band(job, best.estimate)
+    except SimulatorError as exc:
+        return {**row, "status": "no plan", "message": " ".join(str(exc).split())}
+    return {**row, "status": "ok", "plan": _describe(best.plan), "iteration_time_s": est.iteration_time_s,
+            "iteration_time_s_low": est.iteration_time_s_low, "iteration_time_s_high": est.iteration_time_s_high,
+            "mfu": est.mfu, "tokens_per_s": est.tokens_per_s, "peak_gib": est.memory.peak_bytes / 2**30,
+            "training_days": est.training_days, "training_days_low": est.training_days_low,
+            "training_days_high": est.training_days_high, "outside_validated_range": est.outside_validated_range,
+            "message": est.validation_note, "plan_json": best.plan.model_dump(mode="json")}
+
+
+def _local(points: list[SweepPoint], workers: int) -> Iterable[dict]:
+    if workers <= 1 or len(points) <= 1:
+        yield from map(run_point, points)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        yield from pool.map(run_point, points)
+
+
+def _ray(points: list[SweepPoint], address: str, workers: int) -> Iterable[dict]:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--ray-address needs Ray; install the ray extra (pip install 'megatron-perf-simulator[ray]') "
+                          "or drop --ray-address to run on local processes") from None
+    started = not ray.is_initialized()
+    if started:
+        if address == "local":
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    try:
+        remote = ray.remote(run_point)
+        pending = [remote.remote(p) for p in points]
+        for ref in pending:  # in submission order, so every executor yields the same sequence
+            yield ray.get(ref)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def read_results(out: Path) -> list[dict]:
+    path = out / RESULTS_JSON
+    if not path.exists():
+        return []
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot resume from {str(path)!r} ({exc}); remove it or choose another --out") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "key" in r for r in rows):
+        raise ConfigError(f"{str(path)!r} is not a sweep's results; remove it or choose another --out")
+    return rows
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace ``path`` atomically through a unique temporary file beside it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results(out: Path, rows: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / RESULTS_JSON, json.dumps(rows, indent=1, sort_keys=True) + "\n")
+    lines = [",".join(COLUMNS)]
+    for r in rows:
+        lines.append(",".join(_csv_cell(r.get(c)) for c in COLUMNS))
+    write_text(out / RESULTS_CSV, "\n".join(lines) + "\n")
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        return
+    pq.write_table(pa.table({c: [r.get(c) for r in rows] for c in COLUMNS}), out / "results.parquet")
+
+
+def _csv_cell(value) -> str:
+    if value is None:
+        return ""
+    text = f"{value:.6g}" if isinstance(value, float) else str(value)
+    if any(ch in text for ch in ',"\n'):
+        text = '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def run_sweep(spec: SweepSpec, out: Path, ray_address: str | None = None, workers: int | None = None,
+              progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Run every point not already in ``out``; write the table after each point (resumable); return all rows
+    in grid order."""
+    points = spec.points()
+    done = {r["key"]: r for r in read_results(out)}
+    todo = [p for p in points if p.key not in done]
+    workers = workers or max(1, min(len(todo), os.cpu_count() or 1))
+    rows_by_key = dict(done)
+    runner = _ray(todo, ray_address, workers) if ray_address else _local(todo, workers)
+    for i, row in enumerate(runner, 1):
+        rows_by_key[row["key"]] = row
+        ordered = [rows_by_key[p.key] for p in points if p.key in rows_by_key]
+        write_results(out, ordered)
+        if progress is not None:
+            progress(i, len(todo))
+    rows = [rows_by_key[p.key] for p in points]
+    write_results(out, rows)
+    return rows
+
+
+def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
+    """Days vs GPUs and MFU vs GPUs, one line per (model, cluster, batch, sequence)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    series: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("status") == "ok":
+            series.setdefault((r["model"], r["cluster"], r["global_batch_size"], r["seq_length"]), []).append(r)
+    paths = []
+    figdir = out / "figures"
+    figdir.mkdir(parents=True, exist_ok=True)
+    for metric, label, name in (("training_days", "training days", "days_vs_gpus.png"),
+                                ("mfu", "MFU (%)", "mfu_vs_gpus.png")):
+        if metric == "training_days" and not any(r.get(metric) for rs in series.values() for r in rs):
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for (model, cluster, gbs, seq), rs in sorted(series.items()):
+            rs = sorted(rs, key=lambda r: r["gpus"])
+            ys = [r[metric] * (100 if metric == "mfu" else 1) for r in rs]
+            ax.plot([r["gpus"] for r in rs], ys, marker="o", label=f"{model}, {cluster}, batch {gbs}, seq {seq}")
+            if metric == "training_days":
+                ax.fill_between([r["gpus"] for r in rs], [r["training_days_low"] for r in rs],
+                                [r["training_days_high"] for r in rs], alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["gpus"] for rs in series.values() for r in rs}))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        if metric == "training_days":
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} vs GPU count, best plan at each point (band shaded)" if metric == "training_days"
+                     else "MFU vs GPU count, best plan at each point")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = figdir / name
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -1,0 +1,186 @@
+"""``GpuSpec`` and ``ClusterSpec``: what the hardware is, read from ``hardware_specs/*.yaml``.
+
+Spec sheets only: how fast the hardware really runs (achieved GEMM efficiency, NCCL bus
+bandwidth) lives in the ``HardwareProfile``, which is measured or taken from published
+microbenchmarks.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hardware_specs import SPEC_DIR
+from simulator.spec import limits
+from simulator.spec._io import build, exists, read_mapping
+from simulator.spec.errors import ConfigError
+
+GIB = 1024**3
+
+
+_TFLOPS, _GBPS = limits.TFLOPS_RANGE, limits.GBPS_RANGE  # physical ranges (see simulator.spec.limits)
+
+
+class PeakTflops(BaseModel):
+    """Dense peak throughput per data type, TFLOP/s (no sparsity)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    bf16: float = Field(**_TFLOPS)
+    fp16: float = Field(**_TFLOPS)
+    tf32: float = Field(**_TFLOPS)
+    fp32: float = Field(description="Non-tensor-core FP32.", **_TFLOPS)
+    fp8: float | None = Field(None, description="Hopper and later only.", **_TFLOPS)
+
+
+def _require_sources(spec: BaseModel, sources: dict[str, str]) -> None:
+    missing = [
+        name
+        for name, field in type(spec).model_fields.items()
+        if name not in {"name", "sources", "gpu", "architecture", "nvswitch", "fabric", "asynchronous"}
+        and getattr(spec, name) is not None
+        and name not in sources
+    ]
+    if missing:
+        raise ValueError(f"{spec.name}: fields {missing} have no entry under 'sources'; every number needs its source")
+
+
+class GpuSpec(BaseModel):
+    """One accelerator's spec sheet."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: str
+    architecture: str
+    sm_count: int = Field(gt=0, le=1_000_000)
+    peak_tflops: PeakTflops
+    hbm_capacity_gib: float = Field(ge=1 / 1024, le=1e6, description="Device memory, GiB.")
+    hbm_bandwidth_gbps: float = Field(description="Peak HBM bandwidth, GB/s (decimal).", **_GBPS)
+    l2_cache_mb: float = Field(gt=0, le=1e6)
+    nvlink_bandwidth_gbps_per_direction: float = Field(description="NVLink per GPU, GB/s per direction.", **_GBPS)
+    tdp_w: float = Field(gt=0, le=1e6)
+    best_published_mfu: float | None = Field(
+        None, gt=0, le=1, description="The highest MFU a published training run on this GPU reached: predictions "
+                                      "above it are outside the range the model was validated in.")
+    asynchronous: bool = Field(
+        True, description="The host queues work and runs ahead of the device (CUDA streams); false for a CPU, "
+                          "where each op runs on the thread that issues it.")
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _every_number_has_a_source(self) -> "GpuSpec":
+        _require_sources(self, self.sources)
+        return self
+
+    def __hash__(self) -> int:  # the sources dict is documentation, not identity
+        return hash((self.name, self.peak_tflops, self.hbm_capacity_gib, self.hbm_bandwidth_gbps, self.sm_count,
+                     self.asynchronous, self.best_published_mfu))
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.hbm_capacity_gib * GIB)
+
+
+class FabricKind(str, Enum):
+    rail_optimized_fat_tree = "rail-optimized-fat-tree"
+
+
+class FabricSpec(BaseModel):
+    """The inter-node network: a rail-optimised leaf/spine fat tree (DGX SuperPOD)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    kind: FabricKind
+    nodes_per_scalable_unit: int = Field(
+        gt=0, le=limits.MAX_GPUS, description="Nodes whose same-rail NICs share one leaf switch."
+    )
+    leaf_switches_per_scalable_unit: int = Field(gt=0, le=limits.MAX_GPUS)
+    switch_latency_ns: float = Field(ge=0, le=1e9, description="Port-to-port latency of one switch hop.")
+
+
+class ClusterSpec(BaseModel):
+    """A cluster of identical nodes: the node's GPUs and NVLink, its NICs and the fabric between nodes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: str
+    gpu: GpuSpec
+    gpus_per_node: int = Field(gt=0, le=limits.MAX_GPUS_PER_NODE)
+    nvswitch: bool = Field(description="All GPUs of a node reach each other at full NVLink bandwidth.")
+    nvlink_bandwidth_gbps_per_direction: float = Field(description="NVLink per GPU, GB/s per direction.", **_GBPS)
+    nics_per_node: int = Field(gt=0, le=limits.MAX_GPUS_PER_NODE)
+    nic_line_rate_gbit_s: float = Field(description="Line rate of one compute NIC, Gb/s (bits).", **_GBPS)
+    fabric: FabricSpec
+    nodes_per_host: int | None = Field(
+        None, gt=0, le=limits.MAX_GPUS_PER_NODE,
+        description="Nodes that share one machine's caches, memory and power (the cores of a CPU standing in for "
+                    "nodes); None: every node is its own machine.")
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _every_number_has_a_source(self) -> "ClusterSpec":
+        _require_sources(self, self.sources)
+        return self
+
+    @model_validator(mode="after")
+    def _mesh_is_small(self) -> "ClusterSpec":
+        n = self.gpus_per_node
+        if not self.nvswitch and n > limits.MAX_MESH_GPUS_PER_NODE:
+            raise ValueError(
+                f"{self.name}: gpus_per_node={n} without an NVSwitch means a link between every pair of GPUs; "
+                f"such meshes hold at most {limits.MAX_MESH_GPUS_PER_NODE} GPUs, so set nvswitch: true or use fewer"
+            )
+        return self
+
+    def __hash__(self) -> int:  # the sources dict is documentation, not identity
+        return hash((self.name, self.gpu, self.gpus_per_node, self.nvlink_bandwidth_gbps_per_direction,
+                     self.nics_per_node, self.nic_line_rate_gbit_s, self.fabric, self.nodes_per_host))
+
+    @property
+    def devices_per_host(self) -> int:
+        """Devices that share one machine: a node's GPUs, or the nodes (cores) of one CPU."""
+        return self.gpus_per_node * (self.nodes_per_host or 1)
+
+    @property
+    def nic_bandwidth_gbps_per_gpu(self) -> float:
+        """Inter-node line rate available to each GPU, GB/s per direction."""
+        return self.nics_per_node * self.nic_line_rate_gbit_s / 8 / self.gpus_per_node
+
+
+def _spec_files(kind: str) -> dict[str, Path]:
+    return {p.stem: p for p in sorted((SPEC_DIR / kind).glob("*.yaml"))}
+
+
+def gpu_names() -> list[str]:
+    return [read_mapping(p, "GPU spec")["name"] for p in _spec_files("gpus").values()]
+
+
+def cluster_names() -> list[str]:
+    return list(_spec_files("clusters"))
+
+
+def load_gpu(name_or_path: str) -> GpuSpec:
+    """A GPU by its name (``A100-SXM4-80GB``, case-insensitive) or a YAML file."""
+    path = _spec_files("gpus").get(name_or_path.lower())
+    if path is None:
+        path = Path(name_or_path)
+        if not exists(path, "GPU spec"):
+            raise ConfigError(f"unknown GPU {name_or_path!r}; use one of {', '.join(gpu_names())} or a YAML file")
+    return build(GpuSpec, read_mapping(path, "GPU spec"), f"GPU spec {str(path)!r}")
+
+
+def load_cluster(name_or_path: str) -> ClusterSpec:
+    """A cluster preset (``dgx-a100-80gb``) or a YAML file whose ``gpu`` names a GPU spec."""
+    path = _spec_files("clusters").get(name_or_path)
+    if path is None:
+        path = Path(name_or_path)
+        if not exists(path, "cluster spec"):
+            raise ConfigError(
+                f"unknown cluster {name_or_path!r}; use one of {', '.join(cluster_names())} or a YAML file"
+            )
+    data = read_mapping(path, "cluster spec")
+    if isinstance(data.get("gpu"), str):
+        data["gpu"] = load_gpu(data["gpu"])
+    return build(ClusterSpec, data, f"cluster spec {str(path)!r}")

@@ -1,0 +1,601 @@
+"""``ParallelPlan`` and ``RecomputePolicy``: how a model is laid out on GPUs, and ``Job`` that checks
+a plan against a model and a cluster.
+
+Rules that need only the plan are validators here; rules that need the model or the cluster
+(heads, layers, GPUs per node) are validators of ``Job``. Each message names the values and the fix.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from functools import cached_property, lru_cache
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simulator.spec import limits
+from simulator.spec.hardware import ClusterSpec
+from simulator.spec.model import ModelSpec
+from simulator.spec.pipeline_split import chunk_layers
+
+
+class RecomputeGranularity(str, Enum):
+    none = "none"
+    selective = "selective"  # the attention core only (Korthikanti Section 5)
+    full = "full"  # whole layers, keeping only their inputs
+
+
+class RecomputeMethod(str, Enum):
+    uniform = "uniform"  # checkpoint every group of `num_layers` layers
+    block = "block"  # checkpoint only the first `num_layers` layers of each stage (chunk)
+
+
+class Precision(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"  # the reference loop on CPUs
+
+    @property
+    def activation_bytes(self) -> int:
+        return 4 if self is Precision.fp32 else 2
+
+
+class Fp8Format(str, Enum):
+    """Transformer Engine's FP8 recipes (Megatron ``--fp8-format``); both run at the same tensor-core peak."""
+
+    hybrid = "hybrid"  # e4m3 forward, e5m2 gradients
+    e4m3 = "e4m3"  # e4m3 throughout
+
+
+class CpCommType(str, Enum):
+    """How context parallelism exchanges keys and values (Megatron ``--cp-comm-type``)."""
+
+    p2p = "p2p"  # ring attention: KV blocks passed around the CP group, overlapped with each block's attention
+    a2a = "a2a"  # all-to-all to heads, attention over the whole sequence, all-to-all back (Ulysses)
+    allgather = "allgather"  # all-gather KV, attention, reduce-scatter of its gradient
+
+
+class AttentionBackend(str, Enum):
+    """Megatron's ``--attention-backend``: auto picks Transformer Engine's flash or fused kernels."""
+
+    auto = "auto"
+    flash = "flash"
+    fused = "fused"
+    unfused = "unfused"  # Megatron's own path: QK^T, softmax, dropout and the product with V apart
+    local = "local"  # Megatron-Core's unfused local implementation
+
+    @property
+    def fused_kernel(self) -> bool:
+        return self not in (AttentionBackend.unfused, AttentionBackend.local)
+
+
+class DataParallelSharding(str, Enum):
+    """Megatron-FSDP's ``--data-parallel-sharding-strategy``: what is sharded over the data-parallel ranks."""
+
+    no_shard = "no_shard"
+    optim = "optim"  # the distributed optimizer (ZeRO-1)
+    optim_grads = "optim_grads"  # and the gradients (ZeRO-2)
+    optim_grads_params = "optim_grads_params"  # and the parameters (ZeRO-3, FSDP)
+
+
+class MoEDispatcher(str, Enum):
+    """Megatron's --moe-token-dispatcher-type."""
+
+    alltoall = "alltoall"
+    allgather = "allgather"
+
+
+class PipelineSchedule(str, Enum):
+    gpipe = "gpipe"
+    one_f_one_b = "1f1b"  # interleaved when virtual_pipeline_stages > 1
+
+
+class RecomputePolicy(BaseModel):
+    """Megatron's --recompute-granularity / --recompute-method / --recompute-num-layers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    granularity: RecomputeGranularity = RecomputeGranularity.none
+    method: RecomputeMethod = RecomputeMethod.uniform
+    num_layers: int = Field(
+        1, gt=0, le=limits.MAX_LAYERS,
+        description="full/uniform: layers per checkpointed group; full/block: checkpointed layers per chunk.",
+    )
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _say_divisors(n: int, node: int | None = None) -> str:
+    """'1, 2, 4 or 8': the divisors of ``n`` (those that also divide ``node``, the GPUs of a node, if given)."""
+    d = [x for x in _divisors(n) if node is None or node % x == 0]
+    return ", ".join(str(x) for x in d[:-1]) + f" or {d[-1]}" if len(d) > 1 else str(d[0])
+
+
+class ParallelPlan(BaseModel):
+    """One training layout: parallel sizes, batch, recompute, optimizer and precision."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tensor_parallel_size: int = Field(
+        1, gt=0, le=limits.MAX_GPUS, description="TP ranks that split each layer (Megatron column/row parallel).")
+    context_parallel_size: int = Field(
+        1, gt=0, le=limits.MAX_GPUS,
+        description="CP ranks that split every sequence (Megatron --context-parallel-size): each holds s / cp "
+                    "tokens, in 2 cp load-balanced chunks for causal attention.")
+    cp_comm_type: CpCommType = Field(CpCommType.p2p, description="How CP exchanges keys and values.")
+    pipeline_parallel_size: int = Field(1, gt=0, le=limits.MAX_GPUS, description="Pipeline stages.")
+    data_parallel_size: int = Field(1, gt=0, le=limits.MAX_GPUS, description="Model replicas.")
+    expert_model_parallel_size: int = Field(
+        1, gt=0, le=limits.MAX_GPUS,
+        description="EP: ranks the routed experts of each MoE layer are spread over (Megatron "
+                    "--expert-model-parallel-size), within the TP x CP x DP ranks of a stage.")
+    expert_tensor_parallel_size: int | None = Field(
+        None, gt=0, le=limits.MAX_GPUS,
+        description="Ranks each expert is split over (--expert-tensor-parallel-size); None = TP, as "
+                    "Megatron defaults it.")
+    moe_token_dispatcher_type: MoEDispatcher = Field(
+        MoEDispatcher.allgather, description="How routed tokens reach their experts (Megatron's default allgather).")
+    moe_grouped_gemm: bool = Field(False, description="A rank's experts run as one grouped GEMM (--moe-grouped-gemm).")
+    virtual_pipeline_stages: int = Field(
+        1, gt=0, le=limits.MAX_LAYERS, description="Model chunks per pipeline stage (interleaved 1F1B).")
+    sequence_parallel: bool = Field(False, description="Split norms/dropouts along the sequence (Korthikanti Section 4.2.2).")
+    micro_batch_size: int = Field(1, gt=0, le=limits.MAX_MICRO_BATCH_SIZE, description="Sequences per micro-batch, b.")
+    global_batch_size: int = Field(
+        1, gt=0, le=limits.MAX_GLOBAL_BATCH_SIZE, description="Sequences per iteration, all replicas together."
+    )
+    recompute: RecomputePolicy = RecomputePolicy()
+    use_distributed_optimizer: bool = Field(False, description="Shard fp32 master weights and Adam state over DP (ZeRO-1).")
+    data_parallel_sharding_strategy: DataParallelSharding | None = Field(
+        None, description="What is sharded over the data-parallel ranks (Megatron-FSDP); None = optim with the "
+                          "distributed optimizer, else no_shard.")
+    precision: Precision = Precision.bf16
+    accumulate_allreduce_grads_in_fp32: bool | None = Field(
+        None, description="Keep the gradient buffer (main_grad) and its data-parallel reduction in fp32. None = "
+                          "Megatron's default: fp32 under bf16 (which forces it), the model's 2-byte dtype under fp16.")
+    fp8_format: Fp8Format | None = Field(
+        None,
+        description="Run the transformer layers' linear GEMMs (QKV, projection, fc1, fc2: forward, dgrad, wgrad) "
+        "in FP8 on Hopper, as Transformer Engine does, with its casts of inputs and output gradients (and their "
+        "transposes); each linear layer saves its FP8 input. Attention, the output layer and every other "
+        "activation stay in `precision`. None = no FP8.",
+    )
+    attention_backend: AttentionBackend = Field(
+        AttentionBackend.auto, description="Megatron's --attention-backend; auto, flash and fused never materialise "
+                                           "the s x s scores, unfused and local do.")
+    use_flash_attention: bool = Field(
+        True, description="A fused attention kernel (what attention_backend says; kept as the older flag's name).")
+    overlap_grad_reduce: bool = Field(
+        False, description="Reduce DP gradients in buckets during the last micro-batch's backward (Megatron-Core DDP).")
+    overlap_param_gather: bool = Field(
+        False, description="Distributed optimizer: all-gather the updated parameters bucket by bucket during the next "
+                           "forward instead of after the optimizer step.")
+    ddp_bucket_size: int | None = Field(
+        None, gt=0, description="Parameters per gradient bucket; None = Megatron's max(40M, 1M x DP).")
+    tp_comm_overlap: bool = Field(
+        False, description="Pipeline SP's all-gathers and reduce-scatters with their GEMMs chunk by chunk "
+                           "(Transformer Engine userbuffers, --tp-comm-overlap); needs sequence parallelism.")
+    overlap_p2p_comm: bool = Field(
+        False, description="Pipeline sends run beside compute; off = Megatron's blocking send/receive exchange."
+    )
+    schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
+    allow_tp_across_nodes: bool = Field(False, description="Accept tensor parallelism wider than a node.")
+    pipeline_layer_split: tuple[int, ...] | None = Field(
+        None, max_length=limits.MAX_LAYERS,
+        description="Layers per stage when they do not divide evenly (sums to num_layers).",
+    )
+    decoder_first_pipeline_num_layers: int | None = Field(
+        None, gt=0, description="Transformer layers of the first stage; the others share the rest evenly.")
+    decoder_last_pipeline_num_layers: int | None = Field(
+        None, gt=0, description="Transformer layers of the last stage.")
+    account_for_embedding_in_pipeline_split: bool = Field(
+        False, description="Count the input embedding as a layer of the first stage when splitting.")
+    account_for_loss_in_pipeline_split: bool = Field(
+        False, description="Count the output layer and loss as a layer of the last stage when splitting.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _attention_flags_agree(cls, data):
+        """``use_flash_attention`` and ``attention_backend`` say one thing; either may be given."""
+        if not isinstance(data, dict):
+            return data
+        flash, backend = data.get("use_flash_attention"), data.get("attention_backend")
+        if backend is not None and flash is None:
+            return {**data, "use_flash_attention": AttentionBackend(backend).fused_kernel}
+        if flash is not None and backend is None:
+            return {**data, "attention_backend": AttentionBackend.auto if flash else AttentionBackend.unfused}
+        if flash is not None and backend is not None and AttentionBackend(backend).fused_kernel != bool(flash):
+            raise ValueError(f"attention_backend={AttentionBackend(backend).value!r} and use_flash_attention={flash} "
+                             "disagree; give one of them")
+        return data
+
+    @property
+    def num_gpus(self) -> int:
+        return (self.tensor_parallel_size * self.context_parallel_size * self.pipeline_parallel_size
+                * self.data_parallel_size)
+
+    @property
+    def expert_tp_size(self) -> int:
+        return self.expert_tensor_parallel_size if self.expert_tensor_parallel_size is not None else self.tensor_parallel_size
+
+    @property
+    def expert_data_parallel_size(self) -> int:
+        """Ranks holding the same experts: the TP x CP x DP ranks of a stage over ETP x EP."""
+        return (self.tensor_parallel_size * self.context_parallel_size * self.data_parallel_size
+                // (self.expert_tp_size * self.expert_model_parallel_size))
+
+    @property
+    def gradient_group_size(self) -> int:
+        """Ranks that hold the same parameters: DP x CP, over which gradients are reduced and sharded."""
+        return self.data_parallel_size * self.context_parallel_size
+
+    @property
+    def sharding(self) -> DataParallelSharding:
+        if self.data_parallel_sharding_strategy is not None:
+            return self.data_parallel_sharding_strategy
+        return DataParallelSharding.optim if self.use_distributed_optimizer else DataParallelSharding.no_shard
+
+    @property
+    def shards_optimizer(self) -> bool:
+        """Optimizer state (and the gradient reduction to a reduce-scatter) sharded over the DP x CP ranks."""
+        return self.sharding is not DataParallelSharding.no_shard
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches each pipeline plays per iteration."""
+        return self.global_batch_size // (self.micro_batch_size * self.data_parallel_size)
+
+    @property
+    def interleaved(self) -> bool:
+        return self.virtual_pipeline_stages > 1
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per element of the gradient buffer the weight gradients accumulate into and DP reduces."""
+        if self.precision is Precision.fp32:
+            return 4
+        fp32 = self.accumulate_allreduce_grads_in_fp32
+        return 4 if (fp32 if fp32 is not None else self.precision is Precision.bf16) else 2
+
+    @model_validator(mode="after")
+    def _context_parallel_needs_a_fused_kernel(self) -> "ParallelPlan":
+        if self.context_parallel_size > 1 and not self.use_flash_attention:
+            raise ValueError(f"context_parallel_size={self.context_parallel_size} runs Transformer Engine's fused "
+                             f"attention; use attention_backend auto, flash or fused (not "
+                             f"{self.attention_backend.value!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _sharding_agrees_with_the_distributed_optimizer(self) -> "ParallelPlan":
+        s = self.data_parallel_sharding_strategy
+        if s is DataParallelSharding.no_shard and self.use_distributed_optimizer:
+            raise ValueError("data_parallel_sharding_strategy='no_shard' contradicts use_distributed_optimizer; "
+                             "drop one of them")
+        return self
+
+    @model_validator(mode="after")
+    def _tp_comm_overlap_needs_sp(self) -> "ParallelPlan":
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ValueError("tp_comm_overlap pipelines sequence parallelism's collectives, so it needs "
+                             "sequence_parallel (and TP > 1); turn SP on or drop tp_comm_overlap")
+        return self
+
+    @model_validator(mode="after")
+    def _param_gather_overlap_needs_its_parts(self) -> "ParallelPlan":
+        if self.overlap_param_gather and not (self.use_distributed_optimizer and self.overlap_grad_reduce):
+            raise ValueError("overlap_param_gather needs use_distributed_optimizer and overlap_grad_reduce "
+                             "(Megatron's rule); turn both on or drop overlap_param_gather")
+        return self
+
+    @model_validator(mode="after")
+    def _bf16_accumulates_in_fp32(self) -> "ParallelPlan":
+        if self.precision is Precision.bf16 and self.accumulate_allreduce_grads_in_fp32 is False:
+            raise ValueError("bf16 training accumulates and all-reduces gradients in fp32 (Megatron forces it); "
+                             "drop accumulate_allreduce_grads_in_fp32=False or use fp16")
+        return self
+
+    @model_validator(mode="after")
+    def _sequence_parallel_needs_tp(self) -> "ParallelPlan":
+        if self.sequence_parallel and self.tensor_parallel_size == 1:
+            raise ValueError("sequence_parallel needs tensor_parallel_size > 1; raise TP or turn sequence parallelism off")
+        return self
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> "ParallelPlan":
+        per_step = self.micro_batch_size * self.data_parallel_size
+        if self.global_batch_size % per_step:
+            raise ValueError(
+                f"global_batch_size={self.global_batch_size} is not divisible by micro_batch_size={self.micro_batch_size} "
+                f"x data_parallel_size={self.data_parallel_size} = {per_step}; use a multiple of {per_step}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _gpus_and_steps_bounded(self) -> "ParallelPlan":
+        if self.num_gpus > limits.MAX_GPUS:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} x "
+                f"pipeline_parallel_size={self.pipeline_parallel_size} x "
+                f"data_parallel_size={self.data_parallel_size} = {self.num_gpus:,} GPUs, more than the "
+                f"{limits.MAX_GPUS:,} the simulator takes; use fewer GPUs"
+            )
+        chunks = self.pipeline_parallel_size * self.virtual_pipeline_stages * self.num_micro_batches
+        if chunks > limits.MAX_PIPELINE_CHUNKS:
+            raise ValueError(
+                f"each pipeline would play {self.num_micro_batches:,} micro-batches x "
+                f"{self.pipeline_parallel_size} stages x {self.virtual_pipeline_stages} chunks = {chunks:,} "
+                "forward steps per iteration, more than the "
+                f"{limits.MAX_PIPELINE_CHUNKS:,} the simulator plays; raise the micro-batch size or the data-parallel "
+                "size, or lower the global batch"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _interleaving_needs_pipeline(self) -> "ParallelPlan":
+        if self.interleaved:
+            p = self.pipeline_parallel_size
+            if p == 1:
+                raise ValueError(
+                    f"virtual_pipeline_stages={self.virtual_pipeline_stages} needs pipeline_parallel_size > 1; "
+                    "set it to 1 or add pipeline stages"
+                )
+            if self.schedule is PipelineSchedule.gpipe:
+                raise ValueError("virtual_pipeline_stages > 1 needs the 1f1b schedule, not gpipe")
+            if self.num_micro_batches % p:
+                raise ValueError(
+                    f"the interleaved schedule needs the micro-batches per pipeline ({self.num_micro_batches}) to be a "
+                    f"multiple of pipeline_parallel_size={p}; change the global batch or the micro-batch size"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _fp8_needs_mixed_precision(self) -> "ParallelPlan":
+        if self.fp8_format is not None and self.precision is Precision.fp32:
+            raise ValueError(
+                f"fp8_format={self.fp8_format.value!r} runs beside bf16/fp16 mixed precision, not fp32; "
+                "use precision bf16 or drop the FP8 format"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _recompute_layers_only_for_full(self) -> "ParallelPlan":
+        if self.recompute.granularity is not RecomputeGranularity.full and self.recompute.num_layers != 1:
+            raise ValueError(
+                f"recompute num_layers={self.recompute.num_layers} applies only to granularity 'full' "
+                f"(got {self.recompute.granularity.value!r}); drop --recompute-num-layers or use full"
+            )
+        return self
+
+
+class Job(BaseModel):
+    """A plan checked against a model and a cluster: everything downstream takes one of these."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: ParallelPlan
+
+    @model_validator(mode="after")
+    def _tp_divides_heads(self) -> "Job":
+        t, a = self.plan.tensor_parallel_size, self.model.num_attention_heads
+        if a % t:
+            raise ValueError(
+                f"tensor_parallel_size={t} does not divide num_attention_heads={a}; use {_say_divisors(a)}"
+            )
+        g = self.model.query_groups
+        if g % t and t % g:
+            raise ValueError(
+                f"tensor_parallel_size={t} and num_query_groups={g} must divide one another; use {_say_divisors(g)}"
+            )
+        if self.model.ffn_size % t:
+            raise ValueError(
+                f"tensor_parallel_size={t} does not divide ffn_hidden_size={self.model.ffn_size}; Megatron splits the "
+                f"MLP evenly over TP ranks, so use a multiple of {t} or a TP size that divides it"
+            )
+        if self.model.vocab_size % t:
+            raise ValueError(
+                f"tensor_parallel_size={t} does not divide vocab_size={self.model.vocab_size}; pad the vocabulary "
+                f"to a multiple of {t} (Megatron pads to a multiple of 128 x TP)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fp8_needs_fp8_tensor_cores(self) -> "Job":
+        if self.plan.fp8_format is not None and self.cluster.gpu.peak_tflops.fp8 is None:
+            raise ValueError(
+                f"fp8_format={self.plan.fp8_format.value!r} needs FP8 tensor cores, which "
+                f"{self.cluster.gpu.name} ({self.cluster.name}) does not have; drop the FP8 format or use a Hopper "
+                "cluster such as dgx-h100 or dgx-h200"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tp_within_node(self) -> "Job":
+        t, n = self.plan.tensor_parallel_size, self.cluster.gpus_per_node
+        if t > n and not self.plan.allow_tp_across_nodes:
+            raise ValueError(
+                f"tensor_parallel_size={t} is more than the {n} GPUs per node of {self.cluster.name}, so every layer "
+                f"would talk over InfiniBand; use at most {n} or insist with allow_tp_across_nodes"
+            )
+        if t <= n and n % t:
+            raise ValueError(f"tensor_parallel_size={t} must divide the {n} GPUs per node; use {_say_divisors(n)}")
+        return self
+
+    @model_validator(mode="after")
+    def _experts_need_a_moe_model(self) -> "Job":
+        p = self.plan
+        if self.model.is_moe:
+            return self
+        if p.expert_model_parallel_size > 1:
+            raise ValueError(f"expert_model_parallel_size={p.expert_model_parallel_size} needs a model with experts; "
+                             "set num_experts or use 1")
+        if p.expert_tensor_parallel_size is not None:
+            raise ValueError(f"expert_tensor_parallel_size={p.expert_tensor_parallel_size} needs a model with "
+                             "experts; set num_experts or leave it unset")
+        return self
+
+    @model_validator(mode="after")
+    def _expert_tp_within_node(self) -> "Job":
+        e, n = self.plan.expert_tensor_parallel_size, self.cluster.gpus_per_node
+        if e is None:
+            return self  # it is TP, checked above
+        if e > n and not self.plan.allow_tp_across_nodes:
+            raise ValueError(
+                f"expert_tensor_parallel_size={e} is more than the {n} GPUs per node of {self.cluster.name}, so every "
+                f"expert would talk over InfiniBand; use at most {n} or insist with allow_tp_across_nodes")
+        if e <= n and n % e:
+            raise ValueError(f"expert_tensor_parallel_size={e} must divide the {n} GPUs per node; use "
+                             f"{_say_divisors(n)}")
+        return self
+
+    @model_validator(mode="after")
+    def _experts_tile_the_stage(self) -> "Job":
+        m, p = self.model, self.plan
+        if not m.is_moe:
+            return self
+        ep, etp, t = p.expert_model_parallel_size, p.expert_tp_size, p.tensor_parallel_size
+        if m.num_experts % ep:
+            raise ValueError(f"expert_model_parallel_size={ep} does not divide num_experts={m.num_experts}; use "
+                             f"{_say_divisors(m.num_experts)}")
+        # Megatron's expert rank generator lays ETP x EP x EDP over the same ranks as TP x CP x DP
+        ranks = t * p.context_parallel_size * p.data_parallel_size
+        if ranks % (ep * etp):
+            raise ValueError(f"expert_model_parallel_size={ep} x expert_tensor_parallel_size={etp} does not "
+                             f"divide the {ranks} TP x CP x DP ranks of a stage; pick sizes whose product "
+                             f"divides {ranks}")
+        if m.expert_ffn_size % etp:
+            raise ValueError(f"expert_tensor_parallel_size={etp} does not divide the experts' "
+                             f"moe_ffn_hidden_size={m.expert_ffn_size}; use "
+                             f"{_say_divisors(m.expert_ffn_size, self.cluster.gpus_per_node)}")
+        shared = m.moe_shared_expert_intermediate_size
+        if shared and shared % t:
+            raise ValueError(f"tensor_parallel_size={t} does not divide moe_shared_expert_intermediate_size={shared} "
+                             f"(the shared experts are split over TP like a dense MLP); "
+                             f"use {_say_divisors(shared, self.cluster.gpus_per_node)}")
+        # Megatron's rule (arguments.py): the dispatcher takes each TP rank's sequence-parallel shard
+        if ep > 1 and t > 1 and not p.sequence_parallel:
+            raise ValueError(f"expert_model_parallel_size={ep} with tensor_parallel_size={t} needs sequence_parallel "
+                             "(Megatron's rule); turn sequence parallelism on")
+        return self
+
+    @model_validator(mode="after")
+    def _pipeline_splits_layers(self) -> "Job":
+        _ = self.chunk_layers  # raises the split's own ValueError
+        return self
+
+    @model_validator(mode="after")
+    def _context_parallel_splits_the_sequence(self) -> "Job":
+        cp, s = self.plan.context_parallel_size, self.model.seq_length
+        if cp == 1:
+            return self
+        if s % (2 * cp):
+            raise ValueError(f"context_parallel_size={cp} splits each sequence into 2 x {cp} load-balanced chunks, "
+                             f"which seq_length={s} does not divide; use a sequence that is a multiple of {2 * cp}")
+        heads = self.model.num_attention_heads // self.plan.tensor_parallel_size
+        if self.plan.cp_comm_type is CpCommType.a2a and heads % cp:
+            raise ValueError(f"cp_comm_type 'a2a' spreads the {heads} attention heads of each TP rank over "
+                             f"context_parallel_size={cp}, which does not divide them; use p2p or a CP size that does")
+        return self
+
+    @model_validator(mode="after")
+    def _recompute_layers_fit_chunk(self) -> "Job":
+        r = self.plan.recompute
+        if r.granularity is RecomputeGranularity.full and r.num_layers > max(self.layers_per_chunk):
+            raise ValueError(
+                f"recompute num_layers={r.num_layers} is more than the {max(self.layers_per_chunk)} layers of a "
+                "pipeline chunk; use at most that"
+            )
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.plan.num_gpus
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.num_gpus // self.cluster.gpus_per_node)
+
+    @cached_property
+    def chunk_layers(self) -> tuple[tuple[int, ...], ...]:
+        """Transformer layers of each model chunk of each stage, ``[stage][chunk]``, as Megatron splits them."""
+        plan = self.plan
+        key = (self.model.num_layers, plan.pipeline_parallel_size, plan.virtual_pipeline_stages,
+               plan.decoder_first_pipeline_num_layers, plan.decoder_last_pipeline_num_layers,
+               plan.account_for_embedding_in_pipeline_split, plan.account_for_loss_in_pipeline_split,
+               plan.pipeline_layer_split)
+        return _split(*key)
+
+    @cached_property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        return tuple(sum(c) for c in self.chunk_layers)
+
+    def chunk_first_layer(self, stage: int, chunk: int) -> int:
+        """The global index of a chunk's first layer: model chunks in order, chunk-major (Megatron's
+        ``get_transformer_layer_offset``), so uneven chunks shift every later one."""
+        return _chunk_offsets(self.chunk_layers)[stage][chunk]
+
+    def chunk_runs(self, stage: int, chunk: int) -> tuple[tuple[bool, int], ...]:
+        """A chunk's layers in forward order as runs of (is an MoE layer, how many): ``((False, n),)`` for
+        a dense model, so a chunk costs one step per run, whatever its layer count."""
+        return self.layer_runs[stage][chunk]
+
+    @cached_property
+    def layer_runs(self) -> tuple[tuple[tuple[tuple[bool, int], ...], ...], ...]:
+        """``chunk_runs`` of every chunk, ``[stage][chunk]``."""
+        return _layer_runs(self.model, self.chunk_layers)
+
+    @cached_property
+    def moe_layers_per_stage(self) -> tuple[int, ...]:
+        """MoE layers among each stage's transformer layers."""
+        return _moe_layers_per_stage(self.model, self.chunk_layers)
+
+    @cached_property
+    def layers_per_chunk(self) -> tuple[int, ...]:
+        """The largest model chunk of each stage (chunks differ only when the embedding or loss takes a slot)."""
+        return tuple(max(c) for c in self.chunk_layers)
+
+
+@lru_cache(maxsize=4096)
+def _split(layers, p, v, first, last, embedding, loss, explicit) -> tuple[tuple[int, ...], ...]:
+    return chunk_layers(layers, p, v, first=first, last=last, account_for_embedding=embedding,
+                        account_for_loss=loss, explicit=explicit)
+
+
+@lru_cache(maxsize=4096)
+def _layer_runs(model: ModelSpec, split: tuple[tuple[int, ...], ...]):
+    offsets = _chunk_offsets(split)
+    return tuple(tuple(_runs(model, offsets[s][c], n) for c, n in enumerate(row)) for s, row in enumerate(split))
+
+
+@lru_cache(maxsize=4096)
+def _moe_layers_per_stage(model: ModelSpec, split: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    if not model.is_moe:
+        return (0,) * len(split)
+    return tuple(sum(k for runs in row for moe, k in runs if moe) for row in _layer_runs(model, split))
+
+
+@lru_cache(maxsize=65536)
+def _runs(model: ModelSpec, first: int, n: int) -> tuple[tuple[bool, int], ...]:
+    if not model.is_moe:
+        return ((False, n),) if n else ()
+    runs: list[list] = []
+    for i in range(first, first + n):
+        moe = model.is_moe_layer(i)
+        if runs and runs[-1][0] == moe:
+            runs[-1][1] += 1
+        else:
+            runs.append([moe, 1])
+    return tuple((m, k) for m, k in runs)
+
+
+@lru_cache(maxsize=4096)
+def _chunk_offsets(split: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    p, v = len(split), len(split[0])
+    first = [[0] * v for _ in range(p)]
+    offset = 0
+    for c in range(v):
+        for s in range(p):
+            first[s][c] = offset
+            offset += split[s][c]
+    return tuple(tuple(row) for row in first)

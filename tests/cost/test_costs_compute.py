@@ -1,0 +1,81 @@
+"""GEMM, memory-bound and attention cost models: physical invariants and published anchors."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.cost import build_cost_model
+from simulator.cost.attention import attention_forward_flops
+from simulator.cost.gemm import gemm_efficiency
+from simulator.cost.profile import load_profile
+from simulator.graph.layers import GemmShape, Op, OpKind, transformer_layer
+from simulator.spec.catalog import load_model
+from simulator.spec.errors import ProfileError
+from simulator.spec.hardware import load_cluster
+from simulator.spec.plan import ParallelPlan, Precision
+
+A100 = load_profile("a100-sxm4-80gb-published")
+CLUSTER = load_cluster("dgx-a100-80gb")
+COST = build_cost_model(CLUSTER, A100, Precision.bf16)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 20000), st.integers(1, 60000), st.integers(1, 20000), st.integers(1, 64))
+def test_gemm_efficiency_never_exceeds_max(m, n, k, batch):
+    eff = float(gemm_efficiency(A100.gemm, 108, m, n, k, batch, 2))
+    assert 0 < eff <= A100.gemm.max_efficiency
+
+
+@pytest.mark.parametrize("m,n,k", [(4096, 10922, 4096), (2048, 4096, 12287), (2049, 12288, 4096)])
+def test_misaligned_shapes_are_slower_than_aligned_neighbours(m, n, k):
+    aligned = [(-(-x // 64)) * 64 for x in (m, n, k)]  # round up to 64 elements = 128 bytes
+    t_mis = COST.op_time_s(Op("g", OpKind.gemm, gemm=GemmShape(m, n, k)))
+    t_al = COST.op_time_s(Op("g", OpKind.gemm, gemm=GemmShape(*aligned)))
+    assert t_mis > t_al  # although the aligned GEMM does more FLOPs
+
+
+def test_4096_cubed_bf16_lands_near_published_a100_efficiency():
+    # FA2: optimized GEMMs reach 80-90% of peak; MAMF's best A100 shape 86.9%.
+    assert 0.80 <= COST.gemm_efficiency(4096, 4096, 4096) <= 0.87
+    assert COST.gemm_efficiency(1024, 10240, 5120) == pytest.approx(0.869, rel=0.01)
+
+
+def test_wave_quantisation_penalises_one_tile_too_many():
+    # 108 tiles of 256x128 fill one wave on 108 SMs; 109 tiles need a second, nearly empty wave.
+    full = COST.gemm_efficiency(256 * 9, 128 * 12, 4096)
+    over = COST.gemm_efficiency(256 * 9 + 1, 128 * 12, 4096)
+    assert over < 0.6 * full
+
+
+def test_elementwise_time_grows_linearly_in_bytes():
+    t = [COST.op_time_s(Op("e", OpKind.elementwise, bytes_moved=b)) for b in (1e8, 2e8, 4e8)]
+    assert t[2] - t[1] == pytest.approx(2 * (t[1] - t[0]), rel=1e-9)
+    slope = (t[1] - t[0]) / 1e8
+    assert 1 / slope == pytest.approx(2039e9 * A100.elementwise.achieved_fraction, rel=1e-9)
+
+
+def test_flash_attention_backward_is_slower_per_flop_than_forward():
+    bh, s, d = 32, 2048, 128
+    fwd = attention_forward_flops(bh, s, d, True)
+    t_f = COST.op_time_s(Op("a", OpKind.flash_attention, flops=fwd, attention=(bh, s, d, True)))
+    t_b = COST.op_time_s(Op("a.backward", OpKind.flash_attention, flops=2.5 * fwd, attention=(bh, s, d, True)))
+    assert t_b / t_f == pytest.approx(2.5 * A100.attention.forward_efficiency / A100.attention.backward_efficiency,
+                                      rel=0.02)
+    assert fwd / t_f / 312e12 <= 0.73  # never above FA2's published forward maximum
+
+
+@pytest.mark.parametrize("tp,sp,flash", [(1, False, False), (8, True, True), (4, False, True)])
+def test_every_layer_op_has_a_finite_positive_time(tp, sp, flash):
+    model = load_model("gpt3-175b")
+    plan = ParallelPlan(tensor_parallel_size=tp, sequence_parallel=sp, use_flash_attention=flash, pipeline_parallel_size=1)
+    layer = transformer_layer(model, plan)
+    ops = [d["op"] for g in (layer.forward, layer.backward) for _, d in g.nodes(data=True)]
+    times = [COST.op_time_s(op) for op in ops]
+    assert all(0 < t < 1.0 for t in times)
+    if tp == 1:
+        assert not any(op.kind is OpKind.collective for op in ops)
+
+
+def test_profile_for_another_gpu_is_refused():
+    with pytest.raises(ProfileError, match="H100"):
+        build_cost_model(CLUSTER, load_profile("h100-sxm5-80gb-published"), Precision.bf16)

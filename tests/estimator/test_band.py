@@ -1,0 +1,86 @@
+"""The band: every unpinned constant declared with a range, and an answer bracketed by its corners."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.cost.profile import default_profile
+from simulator.estimator.band import band, corners, estimate_with_band
+from simulator.estimator.prediction import estimate
+from simulator.spec.catalog import PRESETS
+from simulator.spec.hardware import load_cluster
+from simulator.spec.plan import Job, ParallelPlan
+
+
+@pytest.fixture(scope="module")
+def job() -> Job:
+    return Job(model=PRESETS["gpt3-13b"], cluster=load_cluster("dgx-a100-80gb"),
+               plan=ParallelPlan(tensor_parallel_size=4, pipeline_parallel_size=4, data_parallel_size=2,
+                                 micro_batch_size=1, global_batch_size=64))
+
+
+@pytest.mark.parametrize("gpu", ["A100-SXM4-80GB", "H100-SXM5-80GB"])
+def test_every_range_holds_its_value_and_names_a_source(gpu):
+    profile = default_profile(gpu)
+    unpinned = profile.unpinned()
+    assert unpinned, "a published profile has constants no measurement pins"
+    for path, value, low, high in unpinned:
+        assert low <= value <= high, path
+        *parents, name = path.split(".")
+        if parents:
+            block = profile
+            for part in parents:
+                block = getattr(block, part)
+            assert name in block.sources, path
+
+
+def test_the_answer_lies_inside_its_band(job):
+    est = estimate_with_band(job, tokens=1e11)
+    assert est.iteration_time_s_low <= est.iteration_time_s <= est.iteration_time_s_high
+    assert est.training_days_low <= est.training_days <= est.training_days_high
+    assert est.training_days_high / est.training_days == pytest.approx(est.iteration_time_s_high / est.iteration_time_s)
+    assert est.band_drivers, "some constant moves a 13B plan"
+
+
+def test_a_profile_without_ranges_has_no_band(job):
+    profile = default_profile("A100-SXM4-80GB")
+    pinned = profile.model_copy(update={"ranges": {}})
+    for path, *_ in profile.unpinned():
+        block_path, name = path.rsplit(".", 1) if "." in path else ("", path)
+        if block_path:
+            *parents, last = block_path.split(".")
+            holder = pinned
+            for part in parents:
+                holder = getattr(holder, part)
+            block = getattr(holder, last).model_copy(update={"ranges": {}})
+            pinned = _replace(pinned, block_path, block)
+    assert pinned.unpinned() == []
+    t = estimate(job, pinned).iteration_time_s
+    b = band(job, pinned, t)
+    assert b.iteration_time_s_low == b.iteration_time_s_high == t and not b.drivers
+
+
+def _replace(profile, path: str, value):
+    *parents, name = path.split(".")
+    chain = [profile]
+    for part in parents:
+        chain.append(getattr(chain[-1], part))
+    new = chain[-1].model_copy(update={name: value})
+    for parent, part in zip(reversed(chain[:-1]), reversed(parents)):
+        new = parent.model_copy(update={part: new})
+    return new
+
+
+def test_the_corners_set_each_constant_to_one_end(job):
+    c = corners(job)
+    for path, value, low, high in default_profile("A100-SXM4-80GB").unpinned():
+        fast = _get(c.fast, path)
+        slow = _get(c.slow, path)
+        assert fast in (low, high, value) and slow in (low, high, value), path
+
+
+def _get(profile, path):
+    obj = profile
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,69 @@
+"""The measured data sets in the repository, each with its role, and the model's errors on them.
+
+The single-node set is the one the host constants were fitted to (named in the profile), so its
+gates say the fit holds across every subset, not that the model predicts unseen runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.cost.profile import default_profile
+from simulator.measure.datasets import KORTHIKANTI, REGISTRY, VTRAIN_SINGLE_NODE, Role, evaluate
+
+
+@pytest.fixture(scope="module")
+def vtrain():
+    return evaluate(VTRAIN_SINGLE_NODE)
+
+
+def test_every_set_names_its_source_and_role():
+    assert len({d.key for d in REGISTRY}) == len(REGISTRY)
+    for d in REGISTRY:
+        assert d.source and d.title
+        assert (d.role is Role.fitted) == bool(d.fitted), d.key
+
+
+def test_the_constants_fitted_to_a_set_are_named_in_the_profile():
+    profile = default_profile("A100-SXM4-80GB")
+    for d in REGISTRY:
+        for path in d.fitted:
+            block, name = path.split(".")
+            assert d.key in getattr(profile, block).sources[name], path
+
+
+def test_single_node_set_mean_error_and_bias(vtrain):
+    assert len(vtrain.rows) == 1440
+    assert vtrain.mean_abs_error <= 0.10
+    assert abs(vtrain.bias) <= 0.03
+
+
+def test_single_node_set_little_work_per_gpu(vtrain):
+    """Micro-batch 1 is where fixed host costs dominate; its signed bias stays within 10%."""
+    _, bias, runs = vtrain.subsets["micro_batch"][1]
+    assert runs == 576 and abs(bias) <= 0.10
+
+
+@pytest.mark.xfail(strict=True, reason="TP 8 runs are 15% slower than the model in every cell, host-bound or not; "
+                                       "no mechanism found yet (see reports/README.md section 7)")
+def test_single_node_set_tp8(vtrain):
+    _, bias, runs = vtrain.subsets["tp"][8]
+    assert runs == 80 and abs(bias) <= 0.10
+
+
+def test_korthikanti_set_is_checked_not_fitted():
+    assert KORTHIKANTI.role is Role.checked and not KORTHIKANTI.fitted
+    errors = evaluate(KORTHIKANTI)
+    assert len(errors.rows) == 9 and errors.mean_abs_error <= 0.04
+
+
+def test_the_cpu_runs_are_predicted_with_the_profile_measured_beside_them():
+    from simulator.measure.datasets import CPU_REFERENCE, CPU_VALIDATION
+    from simulator.measure.run_record import load_run_record
+    from simulator.measure.validate import validate
+
+    errors = evaluate(CPU_REFERENCE, default_profile("A100-SXM4-80GB"))  # the run's own profile wins
+    assert CPU_REFERENCE.role is Role.checked and len(errors.rows) == 6
+    for row in errors.rows:
+        v = validate(load_run_record(CPU_VALIDATION / f"run-{row.label}.json"), str(CPU_VALIDATION / "cpu-profile.json"))
+        assert row.predicted_s == v.iteration_time_s.predicted and row.measured_s == v.iteration_time_s.measured

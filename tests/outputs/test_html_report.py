@@ -1,0 +1,107 @@
+"""The interactive page: one offline file that renders in headless Chromium, where hovering a plan shows
+its layout, time, MFU and memory and clicking a simulated plan shows its breakdown.
+
+The test writes a copy of the page with a probe script appended: once plotly has drawn, the probe
+moves the mouse over the best plan's point (a real mousemove on plotly's drag layer), reads the
+hover label, clicks a simulated plan, and writes what it saw into the DOM, which Chromium's
+``--dump-dom`` prints. Skipped only where no Chromium is installed (``make test`` installs it where
+it can).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from simulator.outputs.html_report import page_data, render_html, write_html
+from simulator.planner.plan_search import SearchRequest, search
+from simulator.spec.catalog import PRESETS
+from simulator.spec.hardware import load_cluster
+
+pytest.importorskip("plotly")
+
+CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(name)), None)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--host-resolver-rules=MAP * ~NOTFOUND",  # no network: the page must work offline
+         "--virtual-time-budget=20000", "--dump-dom"]
+
+PROBE = r"""
+<script>
+(async function () {
+  const out = document.createElement("pre");
+  out.id = "probe";
+  const sleep = ms => new Promise(r => setTimeout(r, ms));
+  try {
+    const gd = document.getElementById("pareto");
+    for (let i = 0; i < 200 && !(gd._fullLayout && gd._fullLayout.xaxis); i++) await sleep(50);
+    const D = JSON.parse(document.getElementById("page-data").textContent);
+    const best = D.plans.find(p => p[5] === D.best);
+    const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+    const drag = gd.querySelector(".nsewdrag");
+    drag.dispatchEvent(new MouseEvent("mousemove", {bubbles: true, clientX: box.left + xa._offset + xa.l2p(best[1]),
+                                                    clientY: box.top + ya._offset + ya.l2p(best[2])}));
+    await sleep(500);
+    const hover = Array.from(gd.querySelectorAll(".hoverlayer .hovertext")).map(e => e.textContent).join(" | ");
+    const other = D.plans.find(p => p[5] > 0);
+    gd.emit("plotly_click", {points: [{customdata: other[5]}]});
+    await sleep(300);
+    out.textContent = JSON.stringify({
+      points: gd.querySelectorAll(".scatterlayer .trace:first-child .point").length, hover: hover,
+      selected: document.getElementById("selected").textContent, other: D.simulated[other[5]].layout,
+      bars: document.querySelectorAll("#breakdown .bars .point").length,
+      breakdown_title: (document.querySelector("#breakdown .gtitle") || {}).textContent});
+  } catch (e) {
+    out.textContent = JSON.stringify({error: String(e && e.stack || e)});
+  }
+  document.body.appendChild(out);
+})();
+</script>
+"""
+
+
+@pytest.fixture(scope="module")
+def page():
+    req = SearchRequest(model=PRESETS["gpt3-1.3b"], cluster=load_cluster("dgx-a100-80gb"), num_gpus=16,
+                        global_batch_size=32)
+    result = search(req, top=3)
+    return req, result, page_data(result, req)
+
+
+def test_the_page_is_one_offline_deterministic_file(page, tmp_path):
+    _, result, data = page
+    text = render_html(data)
+    assert text == render_html(json.loads(json.dumps(data)))  # the same data, the same bytes
+    assert "<script src" not in text and "<link" not in text  # nothing to fetch
+    assert len(data["plans"]) == len(result.screened)
+    assert data["simulated"][data["best"]]["layout"] in text
+    write_html(data, tmp_path / "p.html")
+    assert (tmp_path / "p.html").read_text(encoding="utf-8") == text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium)")
+def test_the_page_renders_in_headless_chromium_and_a_hover_shows_a_plan(page, tmp_path):
+    _, result, data = page
+    path = tmp_path / "page.html"
+    path.write_text(render_html(data).replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    profile = tmp_path / "chromium-profile"
+    run = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", path.as_uri()], capture_output=True,
+                         text=True, timeout=180)
+    found = re.search(r'<pre id="probe">(.*?)</pre>', run.stdout, re.S)
+    assert found, f"the page did not finish rendering:\n{run.stderr[-2000:]}"
+    seen = json.loads(html.unescape(found.group(1)))
+    assert "error" not in seen, seen["error"]
+    assert seen["points"] == len(result.screened)
+    best = data["simulated"][data["best"]]
+    for needle in (best["layout"], f"iteration {best['iteration_time_s']:.2f} s", f"MFU {100 * best['mfu']:.1f}%",
+                   f"peak memory {best['peak_gib']:.1f} GiB"):
+        assert needle in seen["hover"], (needle, seen["hover"])
+    assert seen["selected"].startswith(f"selected: {seen['other']}:")
+    assert seen["breakdown_title"] == f"Where the iteration goes: {seen['other']}"
+    assert seen["bars"] == len(data["parts"])

@@ -1,0 +1,57 @@
+"""Sweeps: one search per grid point, the same rows from every executor, resumable, bad specs refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from simulator.cli import cli
+from simulator.planner.sweep import SweepSpec, run_sweep
+
+SPEC = SweepSpec(models=("gpt3-125m", "gpt3-350m"), gpus=(8, 16), global_batch_sizes=(32,), tokens=1e9)
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items()} for r in rows]
+
+
+def test_rows_follow_the_grid_and_a_point_without_a_plan_says_why(tmp_path):
+    spec = SweepSpec(models=("gpt3-125m",), gpus=(8, 11), global_batch_sizes=(32,))
+    rows = run_sweep(spec, tmp_path, workers=1)
+    assert [(r["model"], r["gpus"]) for r in rows] == [("gpt3-125m", 8), ("gpt3-125m", 11)]
+    ok, none = rows
+    assert ok["status"] == "ok" and ok["iteration_time_s_low"] <= ok["iteration_time_s"] <= ok["iteration_time_s_high"]
+    assert none["status"] == "no plan" and none["message"].endswith(("GPU count or batch", "more memory"))
+    header = (tmp_path / "results.csv").read_text().splitlines()[0]
+    assert header.startswith("model,cluster,gpus,global_batch_size")
+
+
+def test_processes_give_the_rows_of_one_process_and_reruns_skip_what_is_done(tmp_path):
+    one = run_sweep(SPEC, tmp_path / "one", workers=1)
+    two = run_sweep(SPEC, tmp_path / "two", workers=2)
+    assert _strip(one) == _strip(two)
+    calls = []
+    again = run_sweep(SPEC, tmp_path / "one", workers=1, progress=lambda done, total: calls.append(total))
+    assert again == one and calls == []  # every point was already there
+
+
+def test_local_ray_gives_the_rows_of_local_processes(tmp_path):
+    pytest.importorskip("ray")
+    local = run_sweep(SPEC, tmp_path / "local", workers=2)
+    ray_rows = run_sweep(SPEC, tmp_path / "ray", ray_address="local", workers=2)
+    assert _strip(ray_rows) == _strip(local)
+
+
+def test_cli_writes_table_and_figures_and_refuses_a_bad_spec(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("models: [gpt3-125m]\ngpus: [8]\nglobal_batch_sizes: [16]\ntokens: 1e9\n")
+    result = CliRunner().invoke(cli, ["sweep", str(spec), "--out", str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)[0]["status"] == "ok"
+    assert (tmp_path / "out" / "figures" / "days_vs_gpus.png").exists()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [gpt3-125m]\ngpus: [0]\nglobal_batch_sizes: [16]\n")
+    result = CliRunner().invoke(cli, ["sweep", str(bad), "--out", str(tmp_path / "o2")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
