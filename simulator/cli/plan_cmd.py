@@ -132,8 +132,14 @@ def render(job, est, notes: list[str] = ()) -> str:
     if est.training_days is not None:
         lines += [f"training         {est.training_days:9.1f} days for {est.tokens:.3g} tokens "
                   f"({est.gpu_hours:,.0f} GPU-hours)" + _band(est.training_days_low, est.training_days_high, "days", 1)]
+    if est.iteration_time_s_low is not None:
+        if est.validation_regime is not None:
+            lines += ["", f"band: the model's error on the measured runs of its regime ({est.validation_regime}), "
+                          "or the unpinned constants' spread where wider"]
+        else:
+            lines += ["", "band: widened, the plan is outside every measured regime: " + "; ".join(est.outside_regime_reasons)]
     if est.band_drivers:
-        lines += ["", "band: the profile's unpinned constants at the ends of their ranges; the largest effects:"]
+        lines += ["the profile's unpinned constants at the ends of their ranges; the largest effects:"]
         for d in est.band_drivers[:3]:
             lines.append(f"  {d['constant']:32s} {d['low']:.3g} .. {d['high']:.3g}   "
                          f"{d['change_at_low'] * 100:+5.1f} % .. {d['change_at_high'] * 100:+5.1f} %")

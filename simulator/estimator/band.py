@@ -1,4 +1,9 @@
-"""The band on an answer: how far the profile's unpinned constants move a prediction.
+"""The band on an answer: how wrong the model has been in the plan's regime, and how far the profile's
+unpinned constants move the prediction; the wider of the two on each side.
+
+The model's own error comes first: ``simulator.estimator.regime`` gives the half-width that held the
+measured time of 90% of the runs of every measured set on the plan's GPU (and widens it, naming why,
+for a plan outside what those runs covered, or above the best MFU they reached).
 
 Every number no measurement pins is declared in its profile block with a plausible (low, high)
 range (``HardwareProfile.unpinned``). Each one is moved to either end of its range and the
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.cost.profile import HardwareProfile
+from simulator.estimator.regime import Regime, regime_of
 from simulator.schedule.screen import screen
 from simulator.schedule.timing import cost_model_for
 from simulator.spec.plan import Job
@@ -39,6 +45,7 @@ class Band(BaseModel):
     iteration_time_s_low: float
     iteration_time_s_high: float
     drivers: tuple[BandDriver, ...] = Field(description="The constants that move the answer, largest effect first.")
+    regime: Regime = Field(description="Where the plan lies relative to the measured runs, and the model's error there.")
 
 
 @dataclass(frozen=True)
@@ -76,15 +83,23 @@ def corners(job: Job, profile=None, top: int = 5) -> Corners:
     return Corners(fast, slow, moving[:top])
 
 
-def band(job: Job, profile=None, iteration_time_s: float | None = None) -> Band:
-    """The iteration time at the two corners, played by the engine (never narrower than the answer)."""
+def band(job: Job, profile=None, iteration_time_s: float | None = None, mfu: float | None = None) -> Band:
+    """The wider, on each side, of the model's error in the plan's regime and the iteration time at the two
+    corners of the unpinned constants (played by the engine); never narrower than the answer. ``mfu``: the
+    answer's (computed when the time is)."""
     from simulator.estimator.prediction import estimate
 
     c = corners(job, profile)
-    t = iteration_time_s if iteration_time_s is not None else estimate(job, profile).iteration_time_s
-    low = estimate(job, c.fast).iteration_time_s
-    high = estimate(job, c.slow).iteration_time_s
-    return Band(iteration_time_s_low=min(low, t), iteration_time_s_high=max(high, t), drivers=c.drivers)
+    if iteration_time_s is None or mfu is None:
+        est = estimate(job, profile)
+        iteration_time_s, mfu = est.iteration_time_s, est.mfu
+    t = iteration_time_s
+    regime = regime_of(job, mfu)
+    low = min(estimate(job, c.fast).iteration_time_s, t * (1 - regime.half_width), t)
+    high = max(estimate(job, c.slow).iteration_time_s, t * (1 + regime.half_width), t)
+    if regime.mfu_ceiling is not None and mfu > regime.mfu_ceiling:
+        high = max(high, t * mfu / regime.mfu_ceiling)  # no faster than the best measured run on this GPU
+    return Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=c.drivers, regime=regime)
 
 
 def estimate_with_band(job: Job, profile=None, tokens: float | None = None):
@@ -96,7 +111,7 @@ def estimate_with_band(job: Job, profile=None, tokens: float | None = None):
 
 def with_band(job: Job, est, profile=None):
     """``est`` (an ``Estimate`` of ``job``) with its band filled in."""
-    b = band(job, profile, est.iteration_time_s)
+    b = band(job, profile, est.iteration_time_s, est.mfu)
     scale = (est.training_days / est.iteration_time_s) if est.training_days is not None else None
     return est.model_copy(update={
         "iteration_time_s_low": b.iteration_time_s_low,
@@ -104,4 +119,6 @@ def with_band(job: Job, est, profile=None):
         "training_days_low": None if scale is None else b.iteration_time_s_low * scale,
         "training_days_high": None if scale is None else b.iteration_time_s_high * scale,
         "band_drivers": tuple(d.model_dump() for d in b.drivers),
+        "validation_regime": b.regime.name,
+        "outside_regime_reasons": b.regime.outside,
     })

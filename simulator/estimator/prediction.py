@@ -83,12 +83,18 @@ class Estimate(BaseModel):
     training_days: float | None = None
     gpu_hours: float | None = None
     iteration_time_s_low: float | None = Field(
-        None, description="The iteration time with every unpinned profile constant at its fast end (the band).")
-    iteration_time_s_high: float | None = Field(None, description="... at its slow end.")
+        None, description="The band's fast end: the wider of the model's measured error in the plan's regime "
+                          "and every unpinned profile constant at its fast end.")
+    iteration_time_s_high: float | None = Field(None, description="... its slow end.")
     training_days_low: float | None = None
     training_days_high: float | None = None
     band_drivers: tuple[dict, ...] | None = Field(
         None, description="The unpinned constants that move the answer most, with their ranges and effects.")
+    validation_regime: str | None = Field(
+        None, description="The measured regime (GPU kind and the sets measured on it) the plan lies in; None "
+                          "outside every one, or when no band was computed.")
+    outside_regime_reasons: tuple[str, ...] = Field(
+        (), description="Why the plan lies outside every measured regime (the band is widened for it).")
     outside_validated_range: bool = Field(
         False, description="MFU above the best published run on this GPU, or no published run on it at all.")
     validation_note: str = Field("", description="Why the answer is outside the validated range, if it is.")

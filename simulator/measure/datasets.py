@@ -133,14 +133,15 @@ KORTHIKANTI = DataSet(
 
 VTRAIN_DIR = "vtrain-single-node"
 GPT2_VOCAB = 50257
-VTRAIN_CLUSTER = "dgx-a100-80gb"  # one DGX-class A100 node; the GPU memory size is not stated
+VTRAIN_CLUSTER = "a100-80gb-4x-hdr"  # the measured nodes: 8 A100 on NVSwitch, 4 HDR NICs; GPU memory not stated
 
 
 def vtrain_job(gpus: int, global_batch: int, micro_batch: int, hidden: int, heads: int, layers: int, seq: int,
                tp: int, dp: int, pp: int) -> Job:
     """The job of one row as the set was measured (its README): Megatron-DeepSpeed, fp16, full
     recompute of every layer, 1F1B, no sequence parallelism, Megatron's unfused attention,
-    GPT-2's vocabulary padded to a multiple of 128 x TP, FFN 4 x hidden."""
+    GPT-2's vocabulary padded to a multiple of 128 x TP, FFN 4 x hidden. A TP group wider than a
+    node (the multi-node set's TP 16) spans two nodes, as it was run."""
     assert gpus == tp * dp * pp, (gpus, tp, dp, pp)
     multiple = 128 * tp
     model = ModelSpec(name=f"gpt-h{hidden}-l{layers}", num_layers=layers, hidden_size=hidden,
@@ -148,22 +149,25 @@ def vtrain_job(gpus: int, global_batch: int, micro_batch: int, hidden: int, head
     plan = ParallelPlan(tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=dp,
                         micro_batch_size=micro_batch, global_batch_size=global_batch, precision=Precision.fp16,
                         recompute=RecomputePolicy(granularity=RecomputeGranularity.full),
-                        attention_backend=AttentionBackend.unfused)
+                        attention_backend=AttentionBackend.unfused, allow_tp_across_nodes=tp > 8)
     return Job(model=model, cluster=load_cluster(VTRAIN_CLUSTER), plan=plan)
 
 
-@lru_cache(maxsize=1)
-def _vtrain_rows() -> tuple[tuple[int, ...], ...]:
-    path = Path(str(resources.files("calibration") / "published" / VTRAIN_DIR / "ground_truth_single.csv"))
+@lru_cache(maxsize=2)
+def _vtrain_rows(directory: str = VTRAIN_DIR, name: str = "ground_truth_single.csv",
+                 first: int = 0) -> tuple[tuple[int, ...], ...]:
+    """The set's rows as (GPUs, global batch, micro batch, hidden, heads, layers, sequence, TP, DP, PP, ms);
+    ``first``: the column the GPU count is in (the multi-node file leads with the parameter count)."""
+    path = Path(str(resources.files("calibration") / "published" / directory / name))
     with path.open(encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         next(reader)  # header
-        return tuple(tuple(int(x) for x in row[:10]) + (float(row[10]),) for row in reader)
+        return tuple(tuple(int(x) for x in row[first:first + 10]) + (float(row[first + 10]),) for row in reader)
 
 
-def _vtrain_runs() -> list[MeasuredRun]:
+def _vtrain_runs(rows: tuple[tuple[int, ...], ...] | None = None) -> list[MeasuredRun]:
     runs = []
-    for row in _vtrain_rows():
+    for row in _vtrain_rows() if rows is None else rows:
         g, gbs, mbs, h, a, layers, s, t, d, p, ms = row
         label = f"h{h} L{layers} TP{t} PP{p} DP{d} mbs{mbs} gbs{gbs}"
         runs.append(MeasuredRun(label, vtrain_job(g, gbs, mbs, h, a, layers, s, t, d, p), ms / 1e3,
@@ -180,6 +184,26 @@ VTRAIN_SINGLE_NODE = DataSet(
             "host.micro_batch_s", "host.iteration_s"),
     runs=_vtrain_runs,
     subsets=("tp", "micro_batch", "pp", "hidden"),
+)
+
+
+# --- vTrain's multi-node A100 runs (second development set) -----------------------------------------
+
+VTRAIN_MULTI_DIR = "vtrain-multi-node-dev"
+
+
+def _vtrain_multi_runs() -> list[MeasuredRun]:
+    return _vtrain_runs(_vtrain_rows(VTRAIN_MULTI_DIR, "ground_truth_multi_dev.csv", first=1))
+
+
+VTRAIN_MULTI_NODE = DataSet(
+    key="vtrain-multi-node-dev",
+    title="vTrain multi-node A100 runs (62 runs, 64-512 GPUs, 3.6B-175B, Megatron-DeepSpeed, fp16)",
+    source=f"calibration/published/{VTRAIN_MULTI_DIR}/README.md (Bang et al., MICRO 2024; MIT license)",
+    role=Role.checked,
+    fitted=(),
+    runs=_vtrain_multi_runs,
+    subsets=("tp", "pp", "dp", "hidden"),
 )
 
 
@@ -217,7 +241,7 @@ CPU_REFERENCE = DataSet(
 )
 
 
-REGISTRY: tuple[DataSet, ...] = (KORTHIKANTI, VTRAIN_SINGLE_NODE, CPU_REFERENCE)
+REGISTRY: tuple[DataSet, ...] = (KORTHIKANTI, VTRAIN_SINGLE_NODE, VTRAIN_MULTI_NODE, CPU_REFERENCE)
 
 
 def data_set(key: str) -> DataSet:

@@ -5,6 +5,7 @@ band of the published checks and of the headline.
 from __future__ import annotations
 
 from simulator.estimator.band import band
+from simulator.estimator.regime import OUTSIDE_WIDENING, band_table
 from simulator.estimator.prediction import estimate
 from simulator.measure.datasets import REGISTRY, Role, SetErrors, evaluate
 
@@ -47,18 +48,35 @@ def registry_section(headline_job=None, headline_days: float | None = None) -> t
         for tag, by in e.subsets.items():
             cells = ", ".join(f"{tag} {v}: {_pct(bias)} ({n})" for v, (_, bias, n) in by.items())
             lines += ["", f"{ds.key}, signed bias by {tag} (runs): {cells}"]
+    table = band_table()
     lines += ["", "Measured runs kept outside the repository judge the model on data it never saw; they are not "
-              "reproduced here.", "", "### The band on the checks and on the headline", "",
-              "The band moves every unpinned profile constant to the ends of its declared range "
-              "(`simulator/estimator/band.py`); a published time inside it is consistent with the profile's own uncertainty.",
-              "", "| configuration | published (s) | predicted (s) | band (s) | inside |", "|---|---|---|---|---|"]
+              "reproduced here.", "", "### The band: how wrong the model has been, and whether that holds on a set it did "
+              "not see", "",
+              "The band on every answer is the wider, on each side, of two things: the model's error on the measured "
+              "runs of the plan's regime, and the unpinned profile constants at the ends of their declared ranges "
+              "(`simulator/estimator/band.py`). The first is fitted by `" + table["command"] + "`: per GPU kind, the "
+              "largest over its measured sets of each set's 90th percentile of |measured / predicted - 1|, each set "
+              "a calibration split of its own. A plan outside what the measured runs covered (a sharding, schedule, "
+              f"precision, context or expert parallelism none of them had, another GPU, an MFU above the best "
+              f"measured) gets the widest half-width times {OUTSIDE_WIDENING:g}, and the reasons are printed with "
+              "it. Each set's coverage of the model-error part alone, fitted with and without the set "
+              "(the full band, with the constants' spread, is at least as wide):", "",
+              "| data set | GPU | half-width, all sets | coverage | half-width, set left out | coverage left out |",
+              "|---|---|---|---|---|---|"]
+    for row in table["leave_one_set_out"]:
+        lines.append(f"| {row['set']} | {row['gpu']} | {row['half_width_in']:.1%} | {row['coverage_in']:.0%} | "
+                     f"{row['half_width_left_out']:.1%} ({row['from']}) | {row['coverage_left_out']:.0%} |")
+    data["band_coverage"] = table["leave_one_set_out"]
+    lines += ["", "On Table 5's rows and the headline:", "",
+              "| configuration | published (s) | predicted (s) | band (s) | inside |", "|---|---|---|---|---|"]
     bands = []
     for row in k.table5_rows():
         job = k.table5_job(row)
         label = f"{job.model.name} {'SP + selective' if row['parallel']['sp'] else 'full recompute'}"
         published = row["measured"]["iteration_time_s"]
-        pred = estimate(job).iteration_time_s
-        b = band(job, None, pred)
+        est = estimate(job)
+        pred = est.iteration_time_s
+        b = band(job, None, pred, est.mfu)
         inside = b.iteration_time_s_low <= published <= b.iteration_time_s_high
         bands.append({"label": label, "published": published, "predicted": pred, "low": b.iteration_time_s_low,
                       "high": b.iteration_time_s_high, "inside": inside})
@@ -66,11 +84,14 @@ def registry_section(headline_job=None, headline_days: float | None = None) -> t
                      f"{b.iteration_time_s_high:.2f} | {'yes' if inside else 'no'} |")
     data["table5_band"] = bands
     if headline_job is not None and headline_days is not None:
-        t = estimate(headline_job).iteration_time_s
-        hb = band(headline_job, None, t)
+        headline = estimate(headline_job)
+        t = headline.iteration_time_s
+        hb = band(headline_job, None, t, headline.mfu)
         low, high = headline_days * hb.iteration_time_s_low / t, headline_days * hb.iteration_time_s_high / t
-        lines += ["", f"The headline's {headline_days:.1f} days (section 1) have the band {low:.1f}-{high:.1f} days; "
-                  "the constants that move it most: "
+        where = (f"in the regime {hb.regime.name}" if hb.regime.name is not None
+                 else "outside every measured regime (" + "; ".join(hb.regime.outside) + ")")
+        lines += ["", f"The headline's {headline_days:.1f} days (section 1) have the band {low:.1f}-{high:.1f} days, "
+                  f"{where}; the constants that move it most: "
                   + ", ".join(f"`{d.constant}` ({_pct(d.change_at_low)} .. {_pct(d.change_at_high)})"
                               for d in hb.drivers[:3]) + "."]
         data["headline_band_days"] = [low, high]

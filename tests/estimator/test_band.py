@@ -42,7 +42,7 @@ def test_the_answer_lies_inside_its_band(job):
     assert est.band_drivers, "some constant moves a 13B plan"
 
 
-def test_a_profile_without_ranges_has_no_band(job):
+def test_a_profile_without_ranges_keeps_only_the_models_measured_error(job):
     profile = default_profile("A100-SXM4-80GB")
     pinned = profile.model_copy(update={"ranges": {}})
     for path, *_ in profile.unpinned():
@@ -55,9 +55,12 @@ def test_a_profile_without_ranges_has_no_band(job):
             block = getattr(holder, last).model_copy(update={"ranges": {}})
             pinned = _replace(pinned, block_path, block)
     assert pinned.unpinned() == []
-    t = estimate(job, pinned).iteration_time_s
-    b = band(job, pinned, t)
-    assert b.iteration_time_s_low == b.iteration_time_s_high == t and not b.drivers
+    est = estimate(job, pinned)
+    t = est.iteration_time_s
+    b = band(job, pinned, t, est.mfu)
+    assert not b.drivers and b.regime.name is not None and est.mfu < b.regime.mfu_ceiling
+    assert b.iteration_time_s_low == pytest.approx(t * (1 - b.regime.half_width))
+    assert b.iteration_time_s_high == pytest.approx(t * (1 + b.regime.half_width))
 
 
 def _replace(profile, path: str, value):

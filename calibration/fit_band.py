@@ -1,0 +1,103 @@
+"""Fit the band on every answer to the model's own errors on the measured sets in the repository.
+
+    python -m calibration.fit_band [--out calibration/published/model_error_band.json]
+
+Every run of every data set in ``simulator.measure.datasets`` is predicted with the profile it is
+judged with; each run's nonconformity score is |measured / predicted - 1|. Per GPU kind the half-width
+is the largest, over the sets measured on it, of the set's 90th percentile of that score: each set is a
+calibration split of its own, so a set of 1,440 runs cannot drown one of 62. The file also records, per
+GPU kind, the plan features the measured runs covered and the best MFU they reached
+(``simulator.estimator.regime`` reads it), and the leave-one-set-out table: each set's coverage when its
+own runs are left out of the half-width, against its coverage with them in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from simulator.estimator.prediction import estimate
+from simulator.estimator.regime import BAND_FILE, OUTSIDE_WIDENING, plan_features
+from simulator.measure.datasets import REGISTRY
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "published" / BAND_FILE
+QUANTILE = 0.9  # of |measured / predicted - 1| within each set; the target coverage is 80% of every set
+
+
+def _scores() -> dict[str, dict]:
+    """Per set: its GPU kind, each run's score, signed residual, features and measured MFU."""
+    out = {}
+    for ds in REGISTRY:
+        runs = ds.runs()
+        if not runs:  # a set this checkout does not hold
+            continue
+        rows = []
+        for run in runs:
+            est = estimate(run.job, run.profile)
+            residual = run.measured_s / est.iteration_time_s - 1
+            rows.append({"gpu": run.job.cluster.gpu.name, "residual": residual,
+                         "features": plan_features(run.job), "gpus": run.job.plan.num_gpus,
+                         "measured_mfu": est.mfu * est.iteration_time_s / run.measured_s})
+        out[ds.key] = {"gpu": rows[0]["gpu"], "rows": rows}
+    return out
+
+
+def _half_width(scores: dict[str, dict], keys: list[str]) -> float:
+    return max(float(np.quantile([abs(r["residual"]) for r in scores[k]["rows"]], QUANTILE)) for k in keys)
+
+
+def _coverage(rows: list[dict], half_width: float) -> float:
+    return float(np.mean([abs(r["residual"]) <= half_width for r in rows]))
+
+
+def fit(scores: dict[str, dict]) -> dict:
+    by_gpu: dict[str, list[str]] = {}
+    for key, s in scores.items():
+        by_gpu.setdefault(s["gpu"], []).append(key)
+    gpus = {}
+    for gpu, keys in sorted(by_gpu.items()):
+        rows = [r for k in keys for r in scores[k]["rows"]]
+        covered = {f: sorted({r["features"][f] for r in rows}) for f in rows[0]["features"]}
+        gpus[gpu] = {
+            "half_width": _half_width(scores, keys),
+            "sets": {k: {"runs": len(scores[k]["rows"]),
+                         "abs_residual_q90": _half_width(scores, [k]),
+                         "bias": float(np.mean([r["residual"] for r in scores[k]["rows"]]))} for k in sorted(keys)},
+            "covered": covered,
+            "max_measured_mfu": max(r["measured_mfu"] for r in rows),
+            "max_gpus": max(r["gpus"] for r in rows),
+        }
+    widest = max(g["half_width"] for g in gpus.values())
+    loso = []
+    for key, s in scores.items():
+        others = [k for k in by_gpu[s["gpu"]] if k != key]
+        if others:
+            hw, how = _half_width(scores, others), "the other sets on this GPU"
+        else:
+            rest = [k for k in scores if k != key]
+            hw, how = _half_width(scores, rest) * OUTSIDE_WIDENING, "outside every regime: the widest other set, widened"
+        loso.append({"set": key, "gpu": s["gpu"], "half_width_left_out": hw, "from": how,
+                     "coverage_left_out": _coverage(s["rows"], hw),
+                     "half_width_in": gpus[s["gpu"]]["half_width"],
+                     "coverage_in": _coverage(s["rows"], gpus[s["gpu"]]["half_width"])})
+    return {"command": "python -m calibration.fit_band", "quantile": QUANTILE, "target_coverage": 0.8,
+            "widest_half_width": widest, "gpus": gpus, "leave_one_set_out": loso}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    result = fit(_scores())
+    args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    for row in result["leave_one_set_out"]:
+        print(f"{row['set']}: coverage {row['coverage_in']:.0%} (half-width {row['half_width_in']:.1%}), "
+              f"left out {row['coverage_left_out']:.0%} (half-width {row['half_width_left_out']:.1%})")
+
+
+if __name__ == "__main__":
+    main()

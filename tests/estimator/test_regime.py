@@ -1,0 +1,87 @@
+"""The regime of a plan and the model-error band: fitted to the measured sets, checked with each left out."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.estimator.band import band, estimate_with_band
+from simulator.estimator.prediction import estimate
+from simulator.estimator.regime import OUTSIDE_WIDENING, band_table, regime_of
+from simulator.measure.datasets import vtrain_job
+from simulator.spec.catalog import PRESETS
+from simulator.spec.hardware import load_cluster
+from simulator.spec.plan import DataParallelSharding, Fp8Format, Job, ParallelPlan
+
+A100 = "A100-SXM4-80GB"
+
+
+def _job(cluster: str = "dgx-a100-80gb", model: str = "gpt3-13b", **plan) -> Job:
+    fields = dict(tensor_parallel_size=4, pipeline_parallel_size=2, data_parallel_size=4, global_batch_size=64)
+    return Job(model=PRESETS[model], cluster=load_cluster(cluster), plan=ParallelPlan(**{**fields, **plan}))
+
+
+def test_a_measured_set_plan_lies_in_its_regime():
+    job = vtrain_job(64, 512, 4, 3072, 32, 30, 2048, 2, 32, 1)
+    r = regime_of(job, estimate(job).mfu)
+    assert r.name is not None and A100 in r.name and not r.outside
+    assert r.half_width == band_table()["gpus"][A100]["half_width"]
+
+
+@pytest.mark.parametrize("plan, reason", [
+    (dict(use_distributed_optimizer=True), "sharding optim"),
+    (dict(data_parallel_sharding_strategy=DataParallelSharding.optim_grads_params), "sharding optim_grads_params"),
+    (dict(context_parallel_size=2, data_parallel_size=2), "context_parallel yes"),
+])
+def test_a_feature_no_measured_run_had_widens_the_band_and_says_why(plan, reason):
+    job = _job(**plan)
+    r = regime_of(job, 0.3)
+    assert r.name is None and any(reason in why for why in r.outside)
+    assert r.half_width == pytest.approx(band_table()["widest_half_width"] * OUTSIDE_WIDENING)
+
+
+def test_fp8_and_an_unmeasured_gpu_are_outside():
+    job = _job(cluster="dgx-h100", fp8_format=Fp8Format.hybrid)
+    r = regime_of(job, 0.3)
+    assert r.name is None and r.outside == ("no measured run on H100-SXM5-80GB",)
+
+
+def test_an_mfu_above_every_measured_run_sets_the_slow_end():
+    job = _job()
+    ceiling = band_table()["gpus"][A100]["max_measured_mfu"]
+    est = estimate(job)
+    above = min(0.99, ceiling * 1.6)
+    b = band(job, None, est.iteration_time_s, above)
+    assert b.regime.name is None and any("MFU" in why for why in b.regime.outside)
+    assert b.iteration_time_s_high >= est.iteration_time_s * above / ceiling * (1 - 1e-12)
+
+
+def test_the_band_holds_the_answer_and_names_its_regime_in_the_estimate():
+    est = estimate_with_band(_job(use_distributed_optimizer=True), tokens=1e11)
+    assert est.iteration_time_s_low < est.iteration_time_s < est.iteration_time_s_high
+    assert est.validation_regime is None and est.outside_regime_reasons
+    inside = estimate_with_band(vtrain_job(64, 512, 4, 3072, 32, 30, 2048, 2, 32, 1))
+    assert inside.validation_regime is not None and inside.outside_regime_reasons == ()
+
+
+def test_every_set_is_covered_when_it_is_left_out():
+    """The target the band is built for: the measured time inside [low, high] for at least 80% of the runs of
+    every measured set, with the set's own runs left out of the half-width."""
+    table = band_table()
+    assert {row["set"] for row in table["leave_one_set_out"]} >= {"korthikanti2022", "vtrain-single-node",
+                                                                  "vtrain-multi-node-dev"}
+    for row in table["leave_one_set_out"]:
+        assert row["coverage_left_out"] >= table["target_coverage"], row
+        assert row["coverage_in"] >= table["target_coverage"], row
+
+
+def test_the_committed_band_file_is_what_the_fit_gives():
+    from calibration.fit_band import _scores, fit
+
+    fresh, committed = fit(_scores()), band_table()
+    assert fresh["gpus"].keys() == committed["gpus"].keys()
+    for gpu, g in committed["gpus"].items():
+        assert fresh["gpus"][gpu]["covered"] == g["covered"]
+        assert fresh["gpus"][gpu]["half_width"] == pytest.approx(g["half_width"], rel=1e-6), gpu
+        assert fresh["gpus"][gpu]["max_measured_mfu"] == pytest.approx(g["max_measured_mfu"], rel=1e-6), gpu
+    for a, b in zip(fresh["leave_one_set_out"], committed["leave_one_set_out"]):
+        assert a["set"] == b["set"] and a["coverage_left_out"] == pytest.approx(b["coverage_left_out"], abs=1e-9)
