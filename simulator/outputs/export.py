@@ -169,8 +169,10 @@ def megatron_args(job: Job) -> list[str]:
     if p.shards_optimizer:
         args.append("--use-distributed-optimizer")
     if uses_megatron_fsdp(job):
+        # validate_args refuses Megatron-FSDP with any other checkpoint format ("Megatron FSDP only supports
+        # fsdp_dtensor checkpoint format"), whether or not the job saves
         args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {p.sharding.value}",
-                 "--no-gradient-accumulation-fusion"]
+                 "--no-gradient-accumulation-fusion", "--ckpt-format fsdp_dtensor"]
     if p.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     if p.overlap_param_gather:

@@ -160,7 +160,9 @@ def test_every_feature_has_its_flag(jobs):
     assert {"--fp8-format hybrid", "--transformer-impl transformer_engine", "--tp-comm-overlap"} <= set(fp8)
     fsdp = megatron_args(jobs["gpt3-6.7b fsdp a2a cp"])
     assert {"--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
-            "--use-distributed-optimizer", "--no-gradient-accumulation-fusion", "--cp-comm-type a2a"} <= set(fsdp)
+            "--use-distributed-optimizer", "--no-gradient-accumulation-fusion", "--cp-comm-type a2a",
+            "--ckpt-format fsdp_dtensor"} <= set(fsdp)  # validate_args refuses Megatron-FSDP with any other format
+    assert not any(a.startswith("--ckpt-format") for a in megatron_args(uneven))
     fp16 = megatron_args(jobs["gpt3-13b fp16 block recompute"])
     assert {"--fp16", "--accumulate-allreduce-grads-in-fp32", "--ddp-bucket-size 20000000",
             "--recompute-method block", "--recompute-num-layers 3"} <= set(fp16)

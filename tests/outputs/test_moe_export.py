@@ -24,7 +24,7 @@ from simulator.spec.catalog import PRESETS
 from simulator.spec.errors import ConfigError
 from simulator.spec.megatron_args import layer_freq, parse_launch, resolve
 from simulator.spec.plan import Job
-from tests.test_export import round_trip  # noqa: E402
+from tests.outputs.test_export import round_trip  # noqa: E402
 
 MOE_JOBS = {
     "mixtral-8x7b ep8 alltoall grouped": dict(
