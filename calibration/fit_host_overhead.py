@@ -1,6 +1,11 @@
 """Fit the host-side constants of the published profiles to the single-node development set.
 
     python -m calibration.fit_host_overhead [--out calibration/published/host_overhead_fit.json]
+    python -m calibration.fit_host_overhead --leave-one-set-out [--out calibration/published/host_overhead_loso.json]
+
+The second form checks the fit as the other sets see it: for each measured A100 set in turn, the
+constants are fitted to the other sets together (each set weighing the same, however many runs it has)
+and the set left out is judged with them, and without any host block.
 
 No microbenchmark in ``calibration/published/hardware.md`` pins what Megatron's Python and the
 CUDA launch path cost per op on a DGX host (its only source gives 5-25 us per eager op, a
@@ -22,10 +27,11 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from simulator.cost.profile import HardwareProfile, HostParams
-from simulator.measure.datasets import VTRAIN_SINGLE_NODE, SetErrors, evaluate
+from simulator.measure.datasets import REGISTRY, VTRAIN_SINGLE_NODE, DataSet, SetErrors, evaluate
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "published" / "host_overhead_fit.json"
+LOSO_OUT = HERE / "published" / "host_overhead_loso.json"
 GPU = "A100-SXM4-80GB"
 
 # (name, start, lower, upper), seconds. op_s stands for both forward and backward ops: with full
@@ -55,6 +61,41 @@ def summary(errors: SetErrors) -> dict:
         "subsets": {tag: {str(v): {"mean_abs_error": mae, "bias": bias, "runs": n} for v, (mae, bias, n) in by.items()}
                     for tag, by in errors.subsets.items()},
     }
+
+
+def _least_squares(base: HardwareProfile, sets: list[DataSet]) -> dict[str, float]:
+    """The constants that minimise the relative errors of ``sets`` together, each set weighing the same."""
+    names = [p[0] for p in PARAMETERS]
+    start = np.array([p[1] for p in PARAMETERS])
+    lower = np.array([p[2] for p in PARAMETERS])
+    upper = np.array([p[3] for p in PARAMETERS])
+    scale = start.copy()
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        values = dict(zip(names, (z * scale).tolist()))
+        out = []
+        for data in sets:
+            errors = np.array([r.error for r in evaluate(data, with_host(base, values)).rows])
+            out.append(errors / np.sqrt(len(errors)))
+        return np.concatenate(out)
+
+    res = least_squares(residuals, start / scale, bounds=(lower / scale, upper / scale), x_scale="jac",
+                        diff_step=1e-3, xtol=1e-8, ftol=1e-8, gtol=1e-8)
+    return dict(zip(names, (res.x * scale).tolist()))
+
+
+def leave_one_set_out(base: HardwareProfile) -> dict:
+    """Per A100 set: the constants fitted to the others, and the left-out set's errors with them and with none."""
+    sets = [d for d in REGISTRY if d.key != "cpu-reference-loop" and d.runs()]
+    rows = []
+    for left in sets:
+        values = _least_squares(base, [d for d in sets if d is not left])
+        with_fit, without = evaluate(left, with_host(base, values)), evaluate(left, base)
+        rows.append({"left_out": left.key, "fitted_on": [d.key for d in sets if d is not left], "parameters": values,
+                     "with": {"mean_abs_error": with_fit.mean_abs_error, "bias": with_fit.bias},
+                     "without": {"mean_abs_error": without.mean_abs_error, "bias": without.bias}})
+    return {"command": "python -m calibration.fit_host_overhead --leave-one-set-out", "profile": base.name,
+            "rows": rows}
 
 
 def fit(base: HardwareProfile) -> dict:
@@ -90,9 +131,22 @@ def main(argv: list[str] | None = None) -> None:
     from calibration.build_published_profiles import build_profile
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--leave-one-set-out", action="store_true",
+                        help="fit to every A100 set but one in turn and judge the one left out")
     args = parser.parse_args(argv)
     base = build_profile(GPU).model_copy(update={"host": None})
+    if args.leave_one_set_out:
+        out = args.out or LOSO_OUT
+        table = leave_one_set_out(base)
+        out.write_text(json.dumps(table, indent=2, sort_keys=True) + "\n")
+        for row in table["rows"]:
+            w, wo = row["with"], row["without"]
+            print(f"{row['left_out']}: fitted on {', '.join(row['fitted_on'])}: mean abs error "
+                  f"{wo['mean_abs_error']:.1%} without -> {w['mean_abs_error']:.1%} with (bias {wo['bias']:+.1%} -> "
+                  f"{w['bias']:+.1%})")
+        return
+    args.out = args.out or OUT
     result = fit(base)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     b, a = result["before"], result["after"]

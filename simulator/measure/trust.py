@@ -4,6 +4,9 @@ band of the published checks and of the headline.
 
 from __future__ import annotations
 
+import json
+from importlib import resources
+
 from simulator.estimator.band import band
 from simulator.estimator.regime import OUTSIDE_WIDENING, band_table
 from simulator.estimator.prediction import estimate
@@ -48,6 +51,7 @@ def registry_section(headline_job=None, headline_days: float | None = None) -> t
         for tag, by in e.subsets.items():
             cells = ", ".join(f"{tag} {v}: {_pct(bias)} ({n})" for v, (_, bias, n) in by.items())
             lines += ["", f"{ds.key}, signed bias by {tag} (runs): {cells}"]
+    lines += _host_fit_left_out(data)
     table = band_table()
     lines += ["", "Measured runs kept outside the repository judge the model on data it never saw; they are not "
               "reproduced here.", "", "### The band: how wrong the model has been, and whether that holds on a set it did "
@@ -96,3 +100,21 @@ def registry_section(headline_job=None, headline_days: float | None = None) -> t
                               for d in hb.drivers[:3]) + "."]
         data["headline_band_days"] = [low, high]
     return lines + [""], data
+
+
+def _host_fit_left_out(data: dict) -> list[str]:
+    """The host constants' leave-one-set-out table: each A100 set judged with the constants fitted to the others."""
+    path = resources.files("calibration") / "published" / "host_overhead_loso.json"
+    if not path.is_file():
+        return []
+    table = json.loads(path.read_text(encoding="utf-8"))
+    lines = ["", "The profile's `host` constants are the only ones fitted to end-to-end runs. Fitted to every A100 set "
+             f"but one, each set weighing the same (`{table['command']}`), and judged on the one left out, against no "
+             "host block at all:", "",
+             "| set left out | fitted on | mean abs. error without | with | bias without | with |", "|---|---|---|---|---|---|"]
+    for row in table["rows"]:
+        w, wo = row["with"], row["without"]
+        lines.append(f"| {row['left_out']} | {', '.join(row['fitted_on'])} | {wo['mean_abs_error']:.1%} | "
+                     f"{w['mean_abs_error']:.1%} | {_pct(wo['bias'])} | {_pct(w['bias'])} |")
+    data["host_fit_left_out"] = table["rows"]
+    return lines
