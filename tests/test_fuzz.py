@@ -500,7 +500,7 @@ HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hid
 
 
 def _raw_points() -> dict:
-    from tests.test_calibrate import _synthetic_raw
+    from tests.measure.test_calibrate import _synthetic_raw
 
     return _synthetic_raw()
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from simulator.cli import cli
 from simulator.spec import limits
 from simulator.spec.hardware import load_cluster
-from tests.test_calibrate import _synthetic_raw, _with_collectives
+from tests.measure.test_calibrate import _synthetic_raw, _with_collectives
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--model", "gpt3-125m", "--gpus", "8", "--gbs", "8"]
