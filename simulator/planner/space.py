@@ -201,7 +201,8 @@ def candidates(req: SearchRequest) -> Iterator[Candidate]:
                         for split in pipeline_splits(L, p, v):
                             chunk = max(max(c_) for c_ in split_layers(L, p, v, split))
                             for ep, etp in _expert_layouts(m, c.gpus_per_node, pins, t, cp, d):
-                                yield from _variants(pins, t, cp, p, d, v, mbs, tuple(split.items()), chunk, ep, etp)
+                                yield from _variants(pins, t, cp, p, d, v, mbs, tuple(split.items()), chunk, ep, etp,
+                                                     sp_splits=(s // cp) % t == 0)
 
 
 def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
@@ -228,9 +229,12 @@ def _expert_layouts(m: ModelSpec, gpus_per_node: int, pins: SearchPins, t: int, 
 
 
 def _variants(pins: SearchPins, t: int, cp: int, p: int, d: int, v: int, mbs: int, split: tuple, chunk: int,
-              ep: int = 1, etp: int | None = None) -> Iterator[Candidate]:
+              ep: int = 1, etp: int | None = None, sp_splits: bool = True) -> Iterator[Candidate]:
+    """``sp_splits``: TP divides each CP rank's sequence, as sequence parallelism needs."""
     # expert parallelism beside tensor parallelism needs sequence parallelism (Megatron's rule)
     sps = ([True] if ep > 1 else [False, True]) if t > 1 else [False]
+    if not sp_splits:
+        sps = [sp for sp in sps if not sp]
     shardings = [DataParallelSharding.no_shard, DataParallelSharding.optim] if d * cp > 1 else [DataParallelSharding.no_shard]
     if d * cp > 1 and p == 1:  # Megatron-FSDP's deeper levels, which do not combine with pipelining
         shardings += [DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params]
