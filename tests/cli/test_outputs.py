@@ -23,7 +23,7 @@ from simulator.cli import cli
 from simulator.spec._io import write_output
 from simulator.spec.errors import OutputError
 from tests.cli.test_bad_input import ok, refused
-from tests.test_calibrate import _synthetic_raw
+from tests.measure.test_calibrate import _synthetic_raw
 
 REPO = Path(__file__).resolve().parents[2]
 PLAN = ["plan", "--model", "gpt3-125m", "--gbs", "4"]
