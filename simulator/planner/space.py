@@ -15,7 +15,14 @@ from typing import Iterator, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.spec.hardware import ClusterSpec
-from simulator.spec.limits import MAX_GLOBAL_BATCH_SIZE, MAX_GPUS, MAX_PIPELINE_CHUNKS
+from simulator.spec._io import build
+from simulator.spec.limits import (
+    MAX_GLOBAL_BATCH_SIZE,
+    MAX_GPUS,
+    MAX_LAYERS,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_PIPELINE_CHUNKS,
+)
 from simulator.spec.model import ModelSpec
 from simulator.spec.pipeline_split import chunk_layers
 from simulator.spec.plan import (
@@ -41,18 +48,19 @@ class SearchPins(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tensor_parallel_size: int | None = None
-    pipeline_parallel_size: int | None = None
-    virtual_pipeline_stages: int | None = None
-    micro_batch_size: int | None = None
+    # bounded as the plan's own fields are, so a pin no plan can take is refused where it is given
+    tensor_parallel_size: int | None = Field(None, gt=0, le=MAX_GPUS)
+    pipeline_parallel_size: int | None = Field(None, gt=0, le=MAX_GPUS)
+    virtual_pipeline_stages: int | None = Field(None, gt=0, le=MAX_LAYERS)
+    micro_batch_size: int | None = Field(None, gt=0, le=MAX_MICRO_BATCH_SIZE)
     sequence_parallel: bool | None = None
     recompute_granularity: RecomputeGranularity | None = None
     use_distributed_optimizer: bool | None = None
-    context_parallel_size: int | None = None
+    context_parallel_size: int | None = Field(None, gt=0, le=MAX_GPUS)
     expert_model_parallel_size: int | None = Field(
-        None, gt=0, description="Mixture of experts: EP, ranks the routed experts are spread over.")
+        None, gt=0, le=MAX_GPUS, description="Mixture of experts: EP, ranks the routed experts are spread over.")
     expert_tensor_parallel_size: int | None = Field(
-        None, gt=0, description="Mixture of experts: ETP, ranks each expert is split over.")
+        None, gt=0, le=MAX_GPUS, description="Mixture of experts: ETP, ranks each expert is split over.")
 
 
 class SearchRequest(BaseModel):
@@ -110,10 +118,11 @@ def plan_template(req: SearchRequest) -> ParallelPlan:
     # MoE plans exchange tokens all-to-all with the experts run as one grouped GEMM, as Megatron-Core
     # recommends for expert parallelism
     moe = dict(moe_token_dispatcher_type=MoEDispatcher.alltoall, moe_grouped_gemm=True) if req.model.is_moe else {}
-    return ParallelPlan(global_batch_size=1, precision=req.precision, fp8_format=req.fp8_format,
-                        use_flash_attention=req.use_flash_attention, attention_backend=backend,
-                        overlap_grad_reduce=req.overlap_grad_reduce, **moe).model_copy(
-                            update={"global_batch_size": req.global_batch_size})
+    # through the boundary's check: a request whose settings break a rule (FP8 beside fp32) is one sentence
+    return build(ParallelPlan, dict(global_batch_size=1, precision=req.precision, fp8_format=req.fp8_format,
+                                    use_flash_attention=req.use_flash_attention, attention_backend=backend,
+                                    overlap_grad_reduce=req.overlap_grad_reduce, **moe), "search").model_copy(
+                                        update={"global_batch_size": req.global_batch_size})
 
 
 def _divisors(n: int) -> list[int]:
