@@ -266,23 +266,26 @@ def job_from_options(model_overrides: dict[str, Any] | None = None, plan_overrid
     tp, pp = o.get("tensor_parallel_size", 1), o.get("pipeline_parallel_size", 1)
     cp = o.get("context_parallel_size") or 1
     dp = data_parallel_size(o.get("gpus"), tp, pp, o.get("data_parallel_size"), cp)
-    mbs = o.get("micro_batch_size", 1)
-    gbs = o.get("global_batch_size") or mbs * dp * pp
-    vpp = o.get("virtual_pipeline_stages", 1)
     model = load_model(o.get("model", "gpt3-175b"), o.get("seq_length"))
     if model_overrides:
         model = build(ModelSpec, {**model.model_dump(), **model_overrides}, f"model {model.name!r}")
     model = with_load_imbalance(model, o.get("moe_load_imbalance"))
     cluster = load_cluster(o.get("cluster", "dgx-a100-80gb"))
-    recompute = {
-        "granularity": o.get("recompute_granularity", "none"),
-        "method": o.get("recompute_method", "uniform"),
-        "num_layers": o.get("recompute_num_layers") or 1,
-    }
+    plan = build(ParallelPlan, {**plan_fields(o, dp), **(plan_overrides or {})}, "plan")
+    return build(Job, {"model": model, "cluster": cluster, "plan": plan}, "job")
+
+
+def plan_fields(o: dict[str, Any], dp: int) -> dict[str, Any]:
+    """The ``ParallelPlan`` fields of ``plan_options``' values ``o`` (absent ones at their defaults), DP
+    derived: the one mapping from flags to a plan, so the search's pins meet the rules `plan` applies as
+    `plan` meets them (the attention flags that disagree, FP8 beside fp32, ...)."""
+    tp, pp = o.get("tensor_parallel_size", 1), o.get("pipeline_parallel_size", 1)
+    mbs = o.get("micro_batch_size", 1)
+    vpp = o.get("virtual_pipeline_stages", 1)
     overlap_p2p = o.get("overlap_p2p_comm")
-    plan = build(ParallelPlan, {
+    return {
         "tensor_parallel_size": tp,
-        "context_parallel_size": cp,
+        "context_parallel_size": o.get("context_parallel_size") or 1,
         "cp_comm_type": o.get("cp_comm_type") or "p2p",
         "pipeline_parallel_size": pp,
         "data_parallel_size": dp,
@@ -298,8 +301,12 @@ def job_from_options(model_overrides: dict[str, Any] | None = None, plan_overrid
         "moe_grouped_gemm": o.get("moe_grouped_gemm", False),
         "tp_comm_overlap": o.get("tp_comm_overlap", False),
         "micro_batch_size": mbs,
-        "global_batch_size": gbs,
-        "recompute": recompute,
+        "global_batch_size": o.get("global_batch_size") or mbs * dp * pp,
+        "recompute": {
+            "granularity": o.get("recompute_granularity", "none"),
+            "method": o.get("recompute_method", "uniform"),
+            "num_layers": o.get("recompute_num_layers") or 1,
+        },
         "use_distributed_optimizer": o.get("use_distributed_optimizer", False),
         "data_parallel_sharding_strategy": o.get("data_parallel_sharding_strategy"),
         "precision": o.get("precision", "bf16"),
@@ -313,9 +320,7 @@ def job_from_options(model_overrides: dict[str, Any] | None = None, plan_overrid
         # Megatron overlaps pipeline sends by default in the interleaved schedule, and only there
         "overlap_p2p_comm": overlap_p2p if overlap_p2p is not None else vpp > 1,
         "allow_tp_across_nodes": o.get("allow_tp_across_nodes", False),
-        **(plan_overrides or {}),
-    }, "plan")
-    return build(Job, {"model": model, "cluster": cluster, "plan": plan}, "job")
+    }
 
 
 def with_load_imbalance(model: ModelSpec, imbalance: float | None) -> ModelSpec:

@@ -28,9 +28,10 @@ Examples:
 
 def plan_json(job, est) -> dict:
     """The `simulator plan --json` document: the estimate plus the job that produced it."""
+    from simulator.estimator.prediction import assert_finite
     from simulator.outputs.describe import settings_json
 
-    doc = est.model_dump(mode="json")
+    doc = assert_finite(est).model_dump(mode="json")
     doc["model"] = job.model.name
     doc["cluster"] = job.cluster.name
     doc["plan"] = job.plan.model_dump(mode="json")
@@ -85,9 +86,10 @@ def render_launch_text(job) -> str:
 
 
 def render(job, est, notes: list[str] = ()) -> str:
+    from simulator.estimator.prediction import assert_finite
     from simulator.outputs.describe import run_settings
 
-    plan, b = job.plan, est.breakdown
+    plan, b = job.plan, assert_finite(est).breakdown
     T = est.iteration_time_s
     rec = plan.recompute.granularity.value
     lines = [

@@ -20,6 +20,7 @@ from simulator.cli.options import (
     BoundedInt,
     OutputFile,
     data_parallel_size,
+    plan_fields,
     with_load_imbalance,
 )
 from simulator.cli.plan_cmd import experts_line, launch_json, plan_json, render_launch_text
@@ -61,33 +62,46 @@ def _describe(plan) -> str:
             + f"{rec}{sharding[plan.sharding.value]}")
 
 
-def check_pins(req) -> None:
-    """Refuse a pinned dimension that breaks a rule on its own, with the sentence `simulator plan` gives.
+def check_pins(req, attention_backend: str | None = None, use_flash_attention: bool = False) -> None:
+    """Refuse a pinned dimension, or a setting every plan of the search takes, that breaks a rule, with the
+    sentence `simulator plan` gives: a probe plan is built from them by the mapping `plan` uses
+    (``plan_fields``) and checked against the model and the cluster as `plan` checks its own.
 
     The search only tries values the rules allow, so without this a pin such as --tp 3 against a
-    vocabulary of 51,200 would end in "no plan satisfies the rules" without saying which rule.
+    vocabulary of 51,200 would end in "no plan satisfies the rules" without saying which rule, and a pair
+    `plan` refuses (FP8 beside fp32, --attention-backend local beside --use-flash-attn) would reach
+    pydantic or pass unnoticed. ``attention_backend`` and ``use_flash_attention`` are the flags as given.
     """
     from simulator.spec._io import build
     from simulator.spec.plan import Job, ParallelPlan
 
     pins = req.pins
     tp, pp = pins.tensor_parallel_size or 1, pins.pipeline_parallel_size or 1
-    dp = data_parallel_size(req.num_gpus, tp, pp, None)
+    cp = pins.context_parallel_size or 1
+    dp = data_parallel_size(req.num_gpus, tp, pp, None, cp)
     vpp = pins.virtual_pipeline_stages if pins.pipeline_parallel_size is not None else None
     sp = bool(pins.sequence_parallel) and pins.tensor_parallel_size is not None
-    experts = {}
+    probe_dp, experts = 1, {}
     if pins.expert_model_parallel_size is not None or pins.expert_tensor_parallel_size is not None:
         # the widest stage the pins leave (every other GPU data-parallel), which any expert layout must tile;
         # sequence parallelism unless it is pinned off, since the search turns it on where EP and TP meet
+        probe_dp = dp
         experts = {"expert_model_parallel_size": pins.expert_model_parallel_size or 1,
-                   "expert_tensor_parallel_size": pins.expert_tensor_parallel_size, "data_parallel_size": dp}
+                   "expert_tensor_parallel_size": pins.expert_tensor_parallel_size}
         sp = pins.sequence_parallel is not False and tp > 1
-    probe = build(ParallelPlan, {
-        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "virtual_pipeline_stages": vpp or 1,
-        "sequence_parallel": sp, **experts,
-        # pp micro-batches per pipeline: what interleaving needs
-        "global_batch_size": pp * experts.get("data_parallel_size", 1), "precision": req.precision,
-    }, "pinned plan")
+    mbs = pins.micro_batch_size or 1
+    flags = {
+        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "context_parallel_size": cp,
+        "virtual_pipeline_stages": vpp or 1, "sequence_parallel": sp, "micro_batch_size": mbs, **experts,
+        "global_batch_size": mbs * pp * probe_dp,  # pp micro-batches per pipeline: what interleaving needs
+        "use_distributed_optimizer": bool(pins.use_distributed_optimizer),
+        "precision": req.precision.value, "fp8_format": req.fp8_format.value if req.fp8_format else None,
+        "attention_backend": attention_backend, "use_flash_attention": use_flash_attention,
+        "overlap_grad_reduce": req.overlap_grad_reduce,
+    }
+    if pins.recompute_granularity is not None:
+        flags["recompute_granularity"] = pins.recompute_granularity.value
+    probe = build(ParallelPlan, plan_fields(flags, probe_dp), "pinned plan")
     build(Job, {"model": req.model, "cluster": req.cluster, "plan": probe}, "pinned plan")
 
 
@@ -106,7 +120,7 @@ def check_pins(req) -> None:
 @click.option("--virtual-pipeline-model-parallel-size", "--vpp", "vpp", type=VIRTUAL_STAGES, default=None,
               help="Pin the virtual pipeline stages.")
 @click.option("--micro-batch-size", "--mbs", "mbs", type=MICRO_BATCH, default=None, help="Pin the micro-batch.")
-@click.option("--context-parallel-size", "--cp", "cp", type=click.IntRange(min=1), default=None,
+@click.option("--context-parallel-size", "--cp", "cp", type=PARALLEL_SIZE, default=None,
               help="Pin context parallelism (searched for sequences of 4,096 tokens and more by default).")
 @click.option("--expert-model-parallel-size", "--ep", "ep", type=PARALLEL_SIZE, default=None,
               help="Mixture of experts: pin expert parallelism (must divide the experts).")
@@ -156,7 +170,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     parameters (the experts a token is routed to), not every expert."""
     from simulator.cost.profile import load_profile
     from simulator.outputs.describe import run_settings, settings_json
-    from simulator.planner.plan_search import SearchPins, SearchRequest, search
+    from simulator.planner.plan_search import SearchRequest, search
     from simulator.spec._io import build
     from simulator.spec.catalog import load_model
     from simulator.spec.hardware import load_cluster
@@ -167,14 +181,14 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
         model_spec = with_load_imbalance(load_model(model, seq_length), moe_load_imbalance)
     req = build(SearchRequest, dict(
         model=model_spec, cluster=load_cluster(cluster), num_gpus=gpus, global_batch_size=global_batch_size,
-        pins=SearchPins(tensor_parallel_size=tp, pipeline_parallel_size=pp, virtual_pipeline_stages=vpp,
-                        micro_batch_size=mbs, sequence_parallel=sp, recompute_granularity=recompute,
-                        use_distributed_optimizer=dopt, context_parallel_size=cp,
-                        expert_model_parallel_size=ep, expert_tensor_parallel_size=etp),
+        pins=dict(tensor_parallel_size=tp, pipeline_parallel_size=pp, virtual_pipeline_stages=vpp,
+                  micro_batch_size=mbs, sequence_parallel=sp, recompute_granularity=recompute,
+                  use_distributed_optimizer=dopt, context_parallel_size=cp,
+                  expert_model_parallel_size=ep, expert_tensor_parallel_size=etp),
         fp8_format=fp8, precision=precision, use_flash_attention=flash or backend not in ("unfused", "local"),
         overlap_grad_reduce=overlap,
     ), "search")
-    check_pins(req)
+    check_pins(req, backend, flash)
     profile = load_profile(profile_path) if profile_path else None
     bars: dict = {}
     # a bar only for a person watching a terminal: never in a log, a pipe or the stream a test reads

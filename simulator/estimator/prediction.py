@@ -7,6 +7,7 @@ reads an end-to-end measurement.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,10 +24,15 @@ from simulator.spec.plan import Job, RecomputeGranularity
 SECONDS_PER_DAY = 86400.0
 
 
+# A NaN or an infinity in an answer is a bug upstream (a 0/0, a GEMM of no rows), never a time to print: the
+# answer's models refuse one where they are made (an internal invariant, so its traceback stays).
+FINITE = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
 class Breakdown(BaseModel):
     """Where the iteration goes on its critical (slowest) stage; the parts sum to the iteration time."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = FINITE
 
     compute_s: float = Field(description="Compute kernels (GEMMs, attention, memory-bound ops), recompute included.")
     tp_communication_s: float = Field(description="Tensor-parallel collectives not hidden behind compute (and, for "
@@ -41,7 +47,7 @@ class Breakdown(BaseModel):
 
 
 class LayerTimesOut(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = FINITE
 
     forward_s: float
     backward_s: float
@@ -51,7 +57,7 @@ class LayerTimesOut(BaseModel):
 class Estimate(BaseModel):
     """What `simulator plan` answers."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = FINITE
 
     iteration_time_s: float
     mfu: float = Field(description="Model FLOPs utilisation, Korthikanti Appendix A (Eq. 7 FLOPs), against the dense "
@@ -98,6 +104,24 @@ class Estimate(BaseModel):
     outside_validated_range: bool = Field(
         False, description="MFU above the best published run on this GPU, or no published run on it at all.")
     validation_note: str = Field("", description="Why the answer is outside the validated range, if it is.")
+
+
+def assert_finite(est: Estimate) -> Estimate:
+    """``est``, after checking every number in it is finite: what validation checked when it was made, for an
+    answer that reached the printer through a copy (``model_copy`` does not validate)."""
+    def numbers(node, path: str):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield from numbers(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(node, (list, tuple)):
+            for i, value in enumerate(node):
+                yield from numbers(value, f"{path}[{i}]")
+        elif isinstance(node, float):
+            yield path, node
+
+    bad = [(path, x) for path, x in numbers(est.model_dump(), "") if not math.isfinite(x)]
+    assert not bad, f"the estimate holds numbers that are not finite: {bad[:3]}"
+    return est
 
 
 @dataclass(frozen=True)

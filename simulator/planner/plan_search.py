@@ -48,7 +48,7 @@ SCREEN_MARGIN = 0.03
 
 
 class RankedPlan(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # times are finite (an invariant)
 
     rank: int
     plan: ParallelPlan
@@ -66,7 +66,7 @@ class RankedPlan(BaseModel):
 class ScreenedPlan(BaseModel):
     """A plan that fits, with its closed-form time (every survivor of the memory prune)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     plan: ParallelPlan
     screen_time_s: float

@@ -15,7 +15,14 @@ from typing import Iterator, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.spec.hardware import ClusterSpec
-from simulator.spec.limits import MAX_GLOBAL_BATCH_SIZE, MAX_GPUS, MAX_PIPELINE_CHUNKS
+from simulator.spec._io import build
+from simulator.spec.limits import (
+    MAX_GLOBAL_BATCH_SIZE,
+    MAX_GPUS,
+    MAX_LAYERS,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_PIPELINE_CHUNKS,
+)
 from simulator.spec.model import ModelSpec
 from simulator.spec.pipeline_split import chunk_layers
 from simulator.spec.plan import (
@@ -41,18 +48,19 @@ class SearchPins(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tensor_parallel_size: int | None = None
-    pipeline_parallel_size: int | None = None
-    virtual_pipeline_stages: int | None = None
-    micro_batch_size: int | None = None
+    # bounded as the plan's own fields are, so a pin no plan can take is refused where it is given
+    tensor_parallel_size: int | None = Field(None, gt=0, le=MAX_GPUS)
+    pipeline_parallel_size: int | None = Field(None, gt=0, le=MAX_GPUS)
+    virtual_pipeline_stages: int | None = Field(None, gt=0, le=MAX_LAYERS)
+    micro_batch_size: int | None = Field(None, gt=0, le=MAX_MICRO_BATCH_SIZE)
     sequence_parallel: bool | None = None
     recompute_granularity: RecomputeGranularity | None = None
     use_distributed_optimizer: bool | None = None
-    context_parallel_size: int | None = None
+    context_parallel_size: int | None = Field(None, gt=0, le=MAX_GPUS)
     expert_model_parallel_size: int | None = Field(
-        None, gt=0, description="Mixture of experts: EP, ranks the routed experts are spread over.")
+        None, gt=0, le=MAX_GPUS, description="Mixture of experts: EP, ranks the routed experts are spread over.")
     expert_tensor_parallel_size: int | None = Field(
-        None, gt=0, description="Mixture of experts: ETP, ranks each expert is split over.")
+        None, gt=0, le=MAX_GPUS, description="Mixture of experts: ETP, ranks each expert is split over.")
 
 
 class SearchRequest(BaseModel):
@@ -110,10 +118,11 @@ def plan_template(req: SearchRequest) -> ParallelPlan:
     # MoE plans exchange tokens all-to-all with the experts run as one grouped GEMM, as Megatron-Core
     # recommends for expert parallelism
     moe = dict(moe_token_dispatcher_type=MoEDispatcher.alltoall, moe_grouped_gemm=True) if req.model.is_moe else {}
-    return ParallelPlan(global_batch_size=1, precision=req.precision, fp8_format=req.fp8_format,
-                        use_flash_attention=req.use_flash_attention, attention_backend=backend,
-                        overlap_grad_reduce=req.overlap_grad_reduce, **moe).model_copy(
-                            update={"global_batch_size": req.global_batch_size})
+    # through the boundary's check: a request whose settings break a rule (FP8 beside fp32) is one sentence
+    return build(ParallelPlan, dict(global_batch_size=1, precision=req.precision, fp8_format=req.fp8_format,
+                                    use_flash_attention=req.use_flash_attention, attention_backend=backend,
+                                    overlap_grad_reduce=req.overlap_grad_reduce, **moe), "search").model_copy(
+                                        update={"global_batch_size": req.global_batch_size})
 
 
 def _divisors(n: int) -> list[int]:
@@ -201,7 +210,8 @@ def candidates(req: SearchRequest) -> Iterator[Candidate]:
                         for split in pipeline_splits(L, p, v):
                             chunk = max(max(c_) for c_ in split_layers(L, p, v, split))
                             for ep, etp in _expert_layouts(m, c.gpus_per_node, pins, t, cp, d):
-                                yield from _variants(pins, t, cp, p, d, v, mbs, tuple(split.items()), chunk, ep, etp)
+                                yield from _variants(pins, t, cp, p, d, v, mbs, tuple(split.items()), chunk, ep, etp,
+                                                     sp_splits=(s // cp) % t == 0)
 
 
 def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
@@ -228,9 +238,12 @@ def _expert_layouts(m: ModelSpec, gpus_per_node: int, pins: SearchPins, t: int, 
 
 
 def _variants(pins: SearchPins, t: int, cp: int, p: int, d: int, v: int, mbs: int, split: tuple, chunk: int,
-              ep: int = 1, etp: int | None = None) -> Iterator[Candidate]:
+              ep: int = 1, etp: int | None = None, sp_splits: bool = True) -> Iterator[Candidate]:
+    """``sp_splits``: TP divides each CP rank's sequence, as sequence parallelism needs."""
     # expert parallelism beside tensor parallelism needs sequence parallelism (Megatron's rule)
     sps = ([True] if ep > 1 else [False, True]) if t > 1 else [False]
+    if not sp_splits:
+        sps = [sp for sp in sps if not sp]
     shardings = [DataParallelSharding.no_shard, DataParallelSharding.optim] if d * cp > 1 else [DataParallelSharding.no_shard]
     if d * cp > 1 and p == 1:  # Megatron-FSDP's deeper levels, which do not combine with pipelining
         shardings += [DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params]

@@ -76,6 +76,36 @@ def ready_time_s(ready: list[tuple[float, float]], replicas: int = 1) -> float:
     return mean
 
 
+# A trace shows a chunk's gradient reduction in at most this many slices: one a bucket up to it, else runs of
+# consecutive buckets (a bucket of one parameter makes a chunk hundreds of millions of them).
+MAX_TRACED_BUCKETS = 256
+
+
+def buckets_done_s(free_s: float, ready_from_s: float, ready_to_s: float, total_s: float, n: int) -> float:
+    """When the last of ``n`` buckets is reduced: bucket j is ready at ``ready_from_s`` + (j + 1) / n of the way to
+    ``ready_to_s`` and takes ``total_s`` / n on one stream, free from ``free_s``.
+
+    Unrolled, the queue ends at the latest of the stream's start plus all buckets and, for each j, bucket j's
+    ready time plus the n - j buckets from it on; that is linear in j, so its largest is the first bucket's or
+    the last's: O(1) for any number of buckets, which Megatron's --ddp-bucket-size does not bound."""
+    return max(free_s + total_s, ready_from_s + (ready_to_s - ready_from_s) / n + total_s, ready_to_s + total_s / n)
+
+
+def bucket_slices(free_s: float, ready_from_s: float, ready_to_s: float, total_s: float,
+                  n: int) -> list[tuple[int, int, float, float]]:
+    """The reduction's slices on the stream, as ``buckets_done_s`` queues them, for a trace: (first bucket, last
+    bucket, start, end), a bucket each up to ``MAX_TRACED_BUCKETS``, else that many runs of consecutive buckets."""
+    each = total_s / n
+
+    def done(j: int) -> float:  # bucket j's end: the queue of buckets 0..j
+        return buckets_done_s(free_s, ready_from_s, ready_from_s + (ready_to_s - ready_from_s) * (j + 1) / n,
+                              each * (j + 1), j + 1)
+
+    runs = min(n, MAX_TRACED_BUCKETS)
+    bounds = [n * k // runs for k in range(runs + 1)]
+    return [(a, b - 1, done(a) - each, done(b - 1)) for a, b in zip(bounds, bounds[1:])]
+
+
 @dataclass(frozen=True, slots=True)
 class Interval:
     stage: int
@@ -179,12 +209,12 @@ def simulate(schedule: Schedule, work: PipelineWork, record: bool = False) -> En
         way to ready_to; the time the last one is done."""
         sw = work.stages[stage]
         n = sw.grad_buckets[chunk] if sw.grad_buckets else 1
-        each = sw.grad_reduce_s[chunk] / n
-        for j in range(n):
-            start = max(ready_from + (ready_to - ready_from) * (j + 1) / n, dp_free[stage])
-            dp_free[stage] = start + each
-            if record and each > 0:
-                intervals.append(Interval(stage, "dp", f"grad reduce chunk {chunk} bucket {j}", start, start + each))
+        total = sw.grad_reduce_s[chunk]
+        if record and total > 0:
+            for a, b, start, end in bucket_slices(dp_free[stage], ready_from, ready_to, total, n):
+                name = f"bucket {a}" if a == b else f"buckets {a}-{b}"
+                intervals.append(Interval(stage, "dp", f"grad reduce chunk {chunk} {name}", start, end))
+        dp_free[stage] = buckets_done_s(dp_free[stage], ready_from, ready_to, total, n)
         return dp_free[stage]
 
     last_backward = {}

@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from simulator.cost.jitter import clark_max
-from simulator.schedule.engine import EngineResult, PipelineWork, StageResult, ready_time_s
+from simulator.schedule.engine import EngineResult, PipelineWork, StageResult, buckets_done_s, ready_time_s
 from simulator.schedule.schedules import warmup_forwards
 
 
@@ -122,13 +122,8 @@ def evaluate(p: int, m: int, v: int, work: PipelineWork, kind: str = "1f1b") -> 
     def reduce(s: int, chunk: int, ready_from: float, ready_to: float) -> float:
         sw = work.stages[s]
         nb = sw.grad_buckets[chunk] if sw.grad_buckets else 1
-        each = sw.grad_reduce_s[chunk] / nb
-        free = dp_free[s]
-        for j in range(nb):
-            start = max(ready_from + (ready_to - ready_from) * (j + 1) / nb, free)
-            free = start + each
-        dp_free[s] = free
-        return free
+        dp_free[s] = buckets_done_s(dp_free[s], ready_from, ready_to, sw.grad_reduce_s[chunk], nb)
+        return dp_free[s]
 
     remaining = p
     while remaining:
@@ -246,6 +241,7 @@ def _numba_kernel():
     import numpy as np
 
     clark = numba.njit(cache=True, nogil=True)(clark_max)
+    queue = numba.njit(cache=True, nogil=True)(buckets_done_s)
 
     @numba.njit(cache=True, nogil=True)
     def run(offsets, table, slots, fwd_d, bwd_d, send, reduce_s, buckets, optimizer, blocking, overlap, jitter):
@@ -313,12 +309,7 @@ def _numba_kernel():
                     if not forward:
                         out[s, 3] = t
                         if overlap and last_bwd:
-                            nb = buckets[s, chunk]
-                            each = reduce_s[s, chunk] / nb
-                            free = dp_free[s]
-                            for j in range(nb):
-                                b0 = start + (start + duration - start) * (j + 1) / nb
-                                free = max(b0, free) + each
+                            free = queue(dp_free[s], start, start + duration, reduce_s[s, chunk], buckets[s, chunk])
                             dp_free[s] = free
                             grads_done[s] = max(grads_done[s], free)
                     i += 1
@@ -331,11 +322,7 @@ def _numba_kernel():
                     remaining -= 1
                     if not overlap:
                         for c in range(reduce_s.shape[1]):
-                            nb = buckets[s, c]
-                            each = reduce_s[s, c] / nb
-                            free = dp_free[s]
-                            for j in range(nb):
-                                free = max(t + (t - t) * (j + 1) / nb, free) + each
+                            free = queue(dp_free[s], t, t, reduce_s[s, c], buckets[s, c])
                             dp_free[s] = free
                             grads_done[s] = max(grads_done[s], free)
                     out[s, 4] = t + (grads_done[s] - t) if grads_done[s] > t else t

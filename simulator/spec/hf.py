@@ -51,7 +51,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from simulator.spec._io import build, read_mapping
+from simulator.spec import limits
+from simulator.spec._io import build, read_mapping, short_repr
 from simulator.spec.errors import ConfigError
 from simulator.spec.model import ModelSpec, Normalization, PositionEmbedding
 
@@ -105,6 +106,15 @@ class _Config:
             raise ConfigError(f"Hugging Face config {self.where} has {key}={value!r}; it must be a positive integer")
         return value
 
+    def layers(self, key: str) -> int:
+        """The layer count, bounded before anything is built per layer (an MoE config's layout is one entry a
+        layer, which 10**12 layers would grow until memory runs out)."""
+        layers = self.int(key)
+        if layers > limits.MAX_LAYERS:
+            raise ConfigError(f"Hugging Face config {self.where} has {key}={short_repr(layers)}; the simulator takes "
+                              f"at most {limits.MAX_LAYERS:,} layers (published GPTs have about 130), so fix it")
+        return layers
+
     def float(self, key: str, default: float) -> float:
         _, value, _ = self._get((key,), default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
@@ -124,7 +134,7 @@ def _pad_vocab(vocab: int) -> int:
 
 def _gpt2(c: _Config) -> dict[str, Any]:
     return dict(
-        num_layers=c.int("n_layer"), hidden_size=c.int("n_embd"), num_attention_heads=c.int("n_head"),
+        num_layers=c.layers("n_layer"), hidden_size=c.int("n_embd"), num_attention_heads=c.int("n_head"),
         ffn_hidden_size=c.int("n_inner", default=None), vocab_size=c.int("vocab_size"),
         seq_length=c.int("n_positions", "n_ctx"),
         untie_embeddings_and_output_weights=not c.bool("tie_word_embeddings", True),
@@ -134,7 +144,7 @@ def _gpt2(c: _Config) -> dict[str, Any]:
 
 def _gpt_neox(c: _Config) -> dict[str, Any]:
     return dict(
-        num_layers=c.int("num_hidden_layers"), hidden_size=c.int("hidden_size"),
+        num_layers=c.layers("num_hidden_layers"), hidden_size=c.int("hidden_size"),
         num_attention_heads=c.int("num_attention_heads"), ffn_hidden_size=c.int("intermediate_size"),
         vocab_size=c.int("vocab_size"), seq_length=c.int("max_position_embeddings"),
         position_embedding_type=PositionEmbedding.rope,
@@ -159,7 +169,7 @@ def _llama(c: _Config, *, own_head_dim: bool = False) -> dict[str, Any]:
                           f"num_attention_heads={heads} = {hidden / heads:g}; only head_dim = hidden_size / heads "
                           "is modelled, remove head_dim or fix it")
     return dict(
-        num_layers=c.int("num_hidden_layers"), hidden_size=hidden, num_attention_heads=heads,
+        num_layers=c.layers("num_hidden_layers"), hidden_size=hidden, num_attention_heads=heads,
         **({"kv_channels": head_dim} if own_head_dim and head_dim is not None else {}),
         num_query_groups=c.int("num_key_value_heads", default=heads), ffn_hidden_size=c.int("intermediate_size"),
         vocab_size=c.int("vocab_size"), seq_length=c.int("max_position_embeddings"), swiglu=True,
@@ -183,8 +193,9 @@ def _moe_layers(c: _Config, layers: int) -> int | tuple[int, ...]:
     dense = c.data.get("mlp_only_layers") or []
     if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers
                                               for i in dense):
-        raise ConfigError(f"Hugging Face config {c.where} has mlp_only_layers={dense!r}; it must be a list of layer "
-                          f"indices from 0 to {layers - 1}")
+        raise ConfigError(f"Hugging Face config {c.where} has mlp_only_layers={short_repr(dense)}; it must be a list "
+                          f"of layer indices from 0 to {layers - 1}")
+    dense = set(dense)
     pattern = tuple(0 if i in dense or (i + 1) % step else 1 for i in range(layers))
     if not any(pattern):
         raise ConfigError(f"Hugging Face config {c.where} has decoder_sparse_step={step} and mlp_only_layers that "
@@ -342,10 +353,11 @@ def model_from_hf_config(data: Mapping[str, Any], path: str | Path, *, seq_lengt
     if seq_length is not None:
         fields["seq_length"] = seq_length
     fields["name"] = _name(data, path)
+    what = f"Hugging Face config {where}"
     try:
-        model = build(ModelSpec, fields, f"Hugging Face config {where}")
-    except ConfigError as exc:
-        raise ConfigError(f"Hugging Face config {where}: {exc}") from None
+        model = build(ModelSpec, fields, what)
+    except ConfigError as exc:  # a rule's own sentence does not name the file; a field's bound already does
+        raise ConfigError(str(exc) if str(exc).startswith(what) else f"{what}: {exc}") from None
     for note in notes:
         warnings.warn(f"{model.name}: {note}", ImportNote, stacklevel=2)
     return model

@@ -499,6 +499,20 @@ class Job(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _sequence_parallel_splits_the_sequence(self) -> "Job":
+        # Megatron scatters the [s / cp, b, h] activations over the TP ranks along the sequence and asserts the
+        # split is even (``_split_along_first_dim``); an uneven one cannot run, and would leave ranks no tokens
+        p, s = self.plan, self.model.seq_length
+        t, cp = p.tensor_parallel_size, p.context_parallel_size
+        if not p.sequence_parallel or (s // cp) % t == 0:
+            return self
+        tokens = (f"the seq_length={s} / context_parallel_size={cp} = {s // cp} tokens of each CP rank" if cp > 1
+                  else f"the seq_length={s} tokens of each sequence")
+        raise ValueError(f"sequence_parallel splits {tokens} over tensor_parallel_size={t} ranks, which Megatron can "
+                         f"only do evenly; use a sequence that is a multiple of {t * cp}, a TP size that divides "
+                         f"{s // cp}, or turn sequence parallelism off")
+
+    @model_validator(mode="after")
     def _recompute_layers_fit_chunk(self) -> "Job":
         r = self.plan.recompute
         if r.granularity is RecomputeGranularity.full and r.num_layers > max(self.layers_per_chunk):

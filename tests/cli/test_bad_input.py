@@ -402,3 +402,33 @@ def test_mplbackend_bogus_still_draws_the_figure(tmp_path):
     png = tmp_path / "pareto.png"
     ok("search", *SMALL, "--pareto", str(png), env={"MPLBACKEND": "bogus"})
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- the search refuses what `plan` refuses, with the same sentence ----------------------------------
+
+SEARCH_H100 = ["--model", "gpt3-1.3b", "--gpus", "8", "--gbs", "16", "--cluster", "dgx-h100"]
+
+
+@pytest.mark.parametrize("flags", [
+    ["--fp8-format", "hybrid", "--precision", "fp32"],
+    ["--fp8-format", "e4m3", "--precision", "fp32"],
+    ["--attention-backend", "local", "--use-flash-attn"],
+    ["--attention-backend", "unfused", "--use-flash-attn"],
+    ["--cp", "2", "--attention-backend", "unfused"],
+    ["--cp", "3"],
+    ["--fp8-format", "hybrid", "--cluster", "dgx-a100-80gb"],
+    ["--tp", "8", "--sp", "--seq-length", "12"],
+])
+def test_search_refuses_flags_plan_refuses_with_the_same_sentence(flags):
+    """Every setting the search pins or applies to all its plans goes through the checks `plan` makes; a pair
+    plan refuses is never a pydantic traceback nor an answer from the search."""
+    sentence = refused("plan", *SEARCH_H100, *flags)
+    assert refused("search", *SEARCH_H100, *flags) == sentence
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--cp", str(limits.MAX_GPUS + 1)], "--context-parallel-size"),
+    (["--cp", "0"], "--context-parallel-size"),
+])
+def test_search_pins_are_bounded_like_plans(flags, needle):
+    refused("search", *SEARCH_H100, *flags, needle=needle)

@@ -176,3 +176,27 @@ def test_the_moe_ep_figure_of_a_plan(tmp_path):
        "--gbs", "256", "--recompute-granularity", "full", "--use-distributed-optimizer", "--out", str(out))
     assert out.stat().st_size > 10_000
     refused("plot", "moe-ep", "--gpus", "8", "--gbs", "8", "--out", str(tmp_path / "dense.png"), needle="dense")
+
+
+@pytest.mark.parametrize("seq", ["1", "2", "4"])
+@pytest.mark.parametrize("as_json", [[], ["--json"]])
+def test_a_sequence_shorter_than_the_tp_group_under_sp_is_refused_not_nan(seq, as_json):
+    """Under SP each TP rank holds seq / TP tokens: with 4 tokens over 8 ranks Megatron cannot split the
+    sequence, and the simulator used to cost GEMMs of zero tokens (0/0: 'compute nan s', a JSON traceback)."""
+    refused("plan", "--model", "mixtral-8x7b", "--seq-length", seq, "--tp", "8", "--ep", "2", "--etp", "1", "--sp",
+            "--gbs", "8", *as_json, needle=f"seq_length={seq}")
+    doc = json.loads(ok("plan", "--model", "mixtral-8x7b", "--seq-length", "8", "--tp", "8", "--ep", "2", "--etp",
+                        "1", "--sp", "--gbs", "8", "--json").output)
+    assert doc["breakdown"]["compute_s"] > 0
+
+
+def test_the_search_never_splits_a_sequence_tp_does_not_divide():
+    doc = json.loads(ok("search", "--model", "gpt3-350m", "--seq-length", "12", "--gpus", "8", "--gbs", "8", "--json",
+                        "--all", "--top", "3").output)
+    assert doc["plans"]
+    for p in [*doc["plans"], *doc["screened_plans"]]:
+        plan = p["plan"] if "plan" in p else p
+        if plan.get("sequence_parallel"):
+            assert 12 % plan["tensor_parallel_size"] == 0, plan
+    refused("search", "--model", "gpt3-350m", "--seq-length", "12", "--gpus", "8", "--gbs", "8", "--tp", "8", "--sp",
+            needle="seq_length=12")

@@ -141,3 +141,28 @@ def test_data_parallel_gradients_are_scaled_once_before_they_are_reduced():
         scaling = cost.op_time_s(Op("gradient_scaling", OpKind.elementwise, bytes_moved=2 * params * j.plan.grad_bytes))
         assert scaling > 0
         assert comm.reduce_s[0] == pytest.approx(collectives + (scaling if dp > 1 else 0.0), rel=1e-12)
+
+
+@pytest.mark.parametrize("where", [("iteration_time_s",), ("breakdown", "compute_s"), ("layer", "forward_s"),
+                                   ("tokens_per_s",)])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_an_estimate_with_a_number_that_is_not_finite_is_never_made_nor_printed(where, value):
+    """A NaN or an infinity is a bug upstream (a 0/0, an empty GEMM), never an answer: the Estimate refuses to
+    hold one, and the text answer refuses to print one that reached it past validation (a copy)."""
+    from pydantic import ValidationError
+
+    from simulator.cli.plan_cmd import render
+    from simulator.estimator.prediction import Estimate
+
+    j = job(tensor_parallel_size=2)
+    est = simulate_job(j).estimate
+    doc = est.model_dump()
+    node = doc
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = value
+    with pytest.raises(ValidationError):
+        Estimate.model_validate(doc)
+    render(j, est)  # a finite answer prints
+    with pytest.raises(AssertionError, match="not finite"):
+        render(j, est.model_copy(update={"iteration_time_s_high": value}))

@@ -7,7 +7,7 @@ from simulator.estimator.memory import memory_plan
 from simulator.estimator.prediction import estimate
 from simulator.planner.plan_search import SearchPins, SearchRequest, enumerate_plans, search
 from simulator.spec.catalog import PRESETS
-from simulator.spec.errors import InfeasiblePlanError
+from simulator.spec.errors import ConfigError, InfeasiblePlanError
 from simulator.spec.hardware import load_cluster
 from simulator.spec.plan import Job, ParallelPlan, RecomputeGranularity, RecomputePolicy
 
@@ -144,3 +144,11 @@ def test_shared_parts_give_every_candidate_its_own_numbers_to_the_bit(case):
             assert memo.screen_s(c, plan) == screen(job), c
             screened += 1
     assert screened
+
+
+def test_a_request_whose_settings_break_a_plan_rule_is_one_sentence():
+    """Settings every plan of the search takes are checked as a plan's are: FP8 runs beside bf16/fp16 only."""
+    req = SearchRequest(model=PRESETS["gpt3-1.3b"], cluster=H100, num_gpus=8, global_batch_size=16,
+                        fp8_format="hybrid", precision="fp32")
+    with pytest.raises(ConfigError, match="fp8_format='hybrid' runs beside bf16/fp16 mixed precision, not fp32"):
+        search(req)

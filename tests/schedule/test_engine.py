@@ -87,3 +87,42 @@ def test_bucketed_reduction_overlaps_the_last_backward_but_never_beats_its_last_
     compute = m * (1.0 + bwd)
     assert compute + reduce / n - 1e-9 <= overlapped <= after + 1e-9
     assert after == pytest.approx(compute + reduce)
+
+
+def _queued_buckets(free, ready_from, ready_to, total, n):
+    """Bucket j ready at ready_from + (j + 1) / n of the way to ready_to, each total / n long, one after another
+    on a stream free from ``free``: the end of the last, one bucket at a time."""
+    for j in range(n):
+        free = max(ready_from + (ready_to - ready_from) * (j + 1) / n, free) + total / n
+    return free
+
+
+@given(free=st.floats(0, 10), ready_from=st.floats(0, 10), span=st.floats(0, 10), total=st.floats(0, 10),
+       n=st.integers(1, 200))
+def test_the_buckets_queue_in_closed_form(free, ready_from, span, total, n):
+    from simulator.schedule.engine import buckets_done_s
+
+    assert buckets_done_s(free, ready_from, ready_from + span, total, n) == pytest.approx(
+        _queued_buckets(free, ready_from, ready_from + span, total, n), rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("record", [False, True])
+def test_any_number_of_buckets_is_played_at_once(record):
+    """A bucket of one parameter splits a chunk into hundreds of millions: the engines take the queue in closed
+    form and a trace shows it in a bounded number of slices, which still never overlap on the stream."""
+    from simulator.schedule import fast_engine
+    from simulator.schedule.engine import MAX_TRACED_BUCKETS
+
+    n = 10**9
+    stage = StageWork((1.0, 1.0), (2.0, 2.0), (0.5, 0.5), 0.1, grad_buckets=(n, n))
+    work = PipelineWork((stage,) * 2, (0.01, 0.01), True)
+    result = simulate(build_schedule(2, 4, 2), work, record=record)
+    assert result.iteration_time_s == pytest.approx(fast_engine.evaluate(2, 4, 2, work).iteration_time_s, rel=1e-12)
+    many = PipelineWork((StageWork((1.0, 1.0), (2.0, 2.0), (0.5, 0.5), 0.1, grad_buckets=(10**4,) * 2),) * 2,
+                        (0.01, 0.01), True)
+    assert result.iteration_time_s == pytest.approx(simulate(build_schedule(2, 4, 2), many).iteration_time_s, rel=1e-3)
+    if record:
+        dp = sorted((iv for iv in result.intervals if iv.stream == "dp"), key=lambda iv: (iv.stage, iv.start_s))
+        assert 0 < len(dp) <= 2 * 2 * MAX_TRACED_BUCKETS
+        for a, b in zip(dp, dp[1:]):
+            assert a.stage != b.stage or b.start_s >= a.end_s - 1e-12

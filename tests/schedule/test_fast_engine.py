@@ -75,3 +75,12 @@ def test_the_compiled_schedule_is_the_schedule(p, m, v, kind):
             expect = (step.phase is Phase.forward, step.chunk, slot(_producer_key(step, p, v)),
                       slot(consumer[1] if consumer else None), step.phase is Phase.backward and last[step.chunk] == i)
             assert row == expect, (s, i)
+
+
+def test_the_compiled_evaluator_takes_any_number_of_buckets():
+    pytest.importorskip("numba")
+    stage = StageWork((1.0,), (2.0,), (0.5,), 0.1, grad_buckets=(10**12,))
+    for overlap in (True, False):
+        work = PipelineWork((stage,) * 3, (0.01,) * 3, overlap)
+        assert fast_engine.evaluate_compiled(3, 6, 1, work).iteration_time_s == pytest.approx(
+            fast_engine.evaluate(3, 6, 1, work).iteration_time_s, rel=1e-12)

@@ -229,3 +229,12 @@ def test_load_model_passes_the_sequence_length_to_the_config_reader(tmp_path):
     assert model.seq_length == 8192
     assert not any("sequence length" in n for n in notes)
     assert any("all 8,192 tokens" in n for n in notes)
+
+
+def test_a_field_out_of_range_names_the_file_once(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA3_8B, "hidden_size": 10**9}))
+    with pytest.raises(ConfigError) as err:
+        load_hf_config(path)
+    message = str(err.value)
+    assert message.count(str(path)) == 1 and "hidden_size" in message and "262,144" in message, message

@@ -3,6 +3,8 @@ the deepseek-v3-style preset, and the exports and Megatron command lines that ca
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from simulator.spec._io import build
@@ -214,3 +216,32 @@ def test_moe_configs_the_simulator_cannot_read_are_one_sentence(data, message):
         model_from_hf_config(data, "config.json")
     if "DeepSeek" in message:
         assert "use the preset 'deepseek-v3-style'" in str(info.value)
+
+
+@pytest.mark.parametrize("base", ["qwen2_moe", "qwen3_moe", "mixtral", "llama"])
+@pytest.mark.parametrize("layers", [10**12, 10**6, 1025])
+def test_a_layer_count_past_the_bound_is_refused_before_anything_is_built_per_layer(tmp_path, base, layers):
+    """Qwen-MoE configs list which layers have experts, one entry a layer: 10**12 layers used to grow that list
+    until memory ran out (16.7 GB). Every family is refused at once with the bound, in one sentence."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from simulator.spec import limits
+
+    data = {"qwen2_moe": HF_QWEN15_MOE, "qwen3_moe": HF_QWEN3_30B_A3B, "mixtral": HF_MIXTRAL_8X7B,
+            "llama": {**HF_MIXTRAL_8X7B, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                      "num_local_experts": 1}}[base]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**data, "num_hidden_layers": layers}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    for command in (["models", str(path)], ["memory", "--model", str(path)]):
+        run = subprocess.run([sys.executable, "-m", "simulator", *command], capture_output=True, text=True, timeout=30,
+                             env=env)
+        assert run.returncode == 2, (run.returncode, run.stderr[-2000:])
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), run.stderr[-2000:]
+        assert f"num_hidden_layers={layers}" in lines[0] and f"{limits.MAX_LAYERS:,}" in lines[0], lines[0]
+

@@ -94,3 +94,21 @@ def test_options_errors_are_config_errors():
 def test_gpus_is_the_product(t, p, d):
     j = job_from_options(gpus=t * p * d, tensor_parallel_size=t, pipeline_parallel_size=p)
     assert j.plan.data_parallel_size == d and j.num_gpus == t * p * d
+
+
+@pytest.mark.parametrize("seq,tp,cp,refused", [
+    (4, 8, 1, True), (12, 8, 1, True), (8, 8, 1, False), (16, 4, 2, False), (16, 8, 2, False), (16, 8, 4, True), (2048, 8, 1, False),
+])
+def test_sequence_parallelism_needs_tp_to_divide_each_ranks_sequence(seq, tp, cp, refused):
+    """Megatron scatters the [s / cp, b, h] activations over the TP ranks along the sequence
+    (``_split_along_first_dim``, which asserts the split is even): a sequence TP does not divide cannot run."""
+    model = PRESETS["gpt3-1.3b"].model_copy(update={"seq_length": seq})
+    plan = dict(tensor_parallel_size=tp, context_parallel_size=cp, sequence_parallel=True)
+    if not refused:
+        Job(model=model, cluster=CLUSTER, plan=ParallelPlan(**plan))
+        return
+    with pytest.raises(ValidationError) as err:
+        Job(model=model, cluster=CLUSTER, plan=ParallelPlan(**plan))
+    for needle in (f"seq_length={seq}", f"tensor_parallel_size={tp}", "sequence_parallel"):
+        assert needle in str(err.value)
+    Job(model=model, cluster=CLUSTER, plan=ParallelPlan(**{**plan, "sequence_parallel": False}))  # SP off runs
