@@ -63,7 +63,7 @@ def summary(errors: SetErrors) -> dict:
     }
 
 
-def _least_squares(base: HardwareProfile, sets: list[DataSet]) -> dict[str, float]:
+def _least_squares(base: HardwareProfile, sets: list[DataSet], tolerance: float = 1e-8) -> dict[str, float]:
     """The constants that minimise the relative errors of ``sets`` together, each set weighing the same."""
     names = [p[0] for p in PARAMETERS]
     start = np.array([p[1] for p in PARAMETERS])
@@ -80,7 +80,7 @@ def _least_squares(base: HardwareProfile, sets: list[DataSet]) -> dict[str, floa
         return np.concatenate(out)
 
     res = least_squares(residuals, start / scale, bounds=(lower / scale, upper / scale), x_scale="jac",
-                        diff_step=1e-3, xtol=1e-8, ftol=1e-8, gtol=1e-8)
+                        diff_step=1e-3, xtol=tolerance, ftol=tolerance, gtol=tolerance)
     return dict(zip(names, (res.x * scale).tolist()))
 
 
@@ -99,19 +99,7 @@ def leave_one_set_out(base: HardwareProfile) -> dict:
 
 
 def fit(base: HardwareProfile) -> dict:
-    names = [p[0] for p in PARAMETERS]
-    start = np.array([p[1] for p in PARAMETERS])
-    lower = np.array([p[2] for p in PARAMETERS])
-    upper = np.array([p[3] for p in PARAMETERS])
-    scale = start.copy()
-
-    def residuals(z: np.ndarray) -> np.ndarray:
-        values = dict(zip(names, (z * scale).tolist()))
-        return np.array([r.error for r in evaluate(VTRAIN_SINGLE_NODE, with_host(base, values)).rows])
-
-    res = least_squares(residuals, start / scale, bounds=(lower / scale, upper / scale), x_scale="jac",
-                        diff_step=1e-3, xtol=1e-10, ftol=1e-10, gtol=1e-10)
-    values = dict(zip(names, (res.x * scale).tolist()))
+    values = _least_squares(base, [VTRAIN_SINGLE_NODE], tolerance=1e-10)
     before = evaluate(VTRAIN_SINGLE_NODE, base)
     after = evaluate(VTRAIN_SINGLE_NODE, with_host(base, values))
     return {

@@ -17,7 +17,7 @@ from simulator.graph.layers import Stream
 from simulator.schedule import fast_engine
 from simulator.schedule.engine import EngineResult, simulate
 from simulator.schedule.schedules import build_schedule
-from simulator.schedule.stage_work import _recomputed_layers, _replayed_runs, build_work, layer_kinds
+from simulator.schedule.stage_work import build_work, layer_kinds, recomputed_layers, replayed_runs
 from simulator.schedule.timing import LayerTimes, StageExtraTimes, cost_model_for, extra_times
 from simulator.spec.plan import Job, RecomputeGranularity
 
@@ -189,8 +189,8 @@ def recompute_flops_per_iteration(job: Job) -> float:
     flops = 0.0
     for stage, chunks in enumerate(job.chunk_layers):
         for c, n in enumerate(chunks):
-            rec = _recomputed_layers(job, n)
-            for moe, _, replayed in _replayed_runs(job.chunk_runs(stage, c), rec):
+            rec = recomputed_layers(job, n)
+            for moe, _, replayed in replayed_runs(job.chunk_runs(stage, c), rec):
                 flops += per_rank[moe] * replayed
     micro_batches = plan.global_batch_size // plan.micro_batch_size
     # each rank of a TP x CP group replays its part; expert work is per rank too (tokens x k copies)
@@ -237,8 +237,8 @@ def _summarise(job, cost, layers, ext, work, result, mem, tokens) -> Estimate:
     r = result.stages[crit]
     compute = dispatch = 0.0
     for c, n in enumerate(job.chunk_layers[crit]):
-        rec = _recomputed_layers(job, n)
-        for moe, k, rk in _replayed_runs(job.chunk_runs(crit, c), rec):
+        rec = recomputed_layers(job, n)
+        for moe, k, rk in replayed_runs(job.chunk_runs(crit, c), rec):
             lt = layers[moe]
             compute += m * (k * lt.forward.compute_s + rk * lt.backward.compute_s + (k - rk) * lt.backward_only.compute_s)
             if moe:

@@ -31,10 +31,10 @@ from simulator.graph.parameters import stage_parameters
 from simulator.outputs.describe import layout, settings_json
 from simulator.schedule.engine import Interval, _consumer
 from simulator.schedule.schedules import Phase
-from simulator.schedule.stage_work import optimizer_bytes_per_param
+from simulator.schedule.stage_work import optimizer_bytes_per_param, recomputed_layers
 from simulator.schedule.timing import PhaseTimeline
 from simulator.spec._io import write_output
-from simulator.spec.plan import Job, RecomputeGranularity, RecomputeMethod
+from simulator.spec.plan import Job
 from simulator.spec.units import GIB
 
 THREADS = {"compute": 0, "tp_comm": 1, "send_forward": 2, "send_backward": 3, "dp": 4}
@@ -62,16 +62,6 @@ class _Part:
 
 def _ops(*graphs) -> dict[str, Op]:
     return {name: data["op"] for g in graphs for name, data in g.nodes(data=True)}
-
-
-def _recomputed_layers(job: Job, chunk_layers: int) -> int:
-    """Layers of a chunk whose backward replays their forward (full/block: the first k)."""
-    r = job.plan.recompute
-    if r.granularity is RecomputeGranularity.none:
-        return 0
-    if r.granularity is RecomputeGranularity.full and r.method is RecomputeMethod.block:
-        return min(r.num_layers, chunk_layers)
-    return chunk_layers
 
 
 class _StepParts:
@@ -109,7 +99,7 @@ class _StepParts:
             parts += [_Part(first + i, sim.layer_of(kind(first + i)).forward, self.fwd_ops[kind(first + i)])
                       for i in range(n)]
             return parts + ([_Part("output", ext.output_forward, self.out[0])] if output else [])
-        recomputed = _recomputed_layers(job, n)
+        recomputed = recomputed_layers(job, n)
         parts = [_Part("output", ext.output_backward, self.out[1])] if output else []
         parts += [_Part(first + i, (lambda lt: lt.backward if i < recomputed else lt.backward_only)(
                       sim.layer_of(kind(first + i))), self.bwd_ops[kind(first + i)]) for i in reversed(range(n))]

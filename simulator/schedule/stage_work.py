@@ -131,7 +131,7 @@ def optimizer_bytes_per_param(precision: Precision) -> int:
     return OPTIMIZER_BYTES_PER_PARAM - (MASTER_COPY_BYTES_PER_PARAM if precision is Precision.fp32 else 0)
 
 
-def _replayed_runs(runs: tuple[tuple[bool, int], ...], recomputed: int) -> list[tuple[bool, int, int]]:
+def replayed_runs(runs: tuple[tuple[bool, int], ...], recomputed: int) -> list[tuple[bool, int, int]]:
     """A chunk's runs as (MoE, layers, of them recomputed): recompute covers the chunk's first
     ``recomputed`` layers (all of them, but for full/block)."""
     out, seen = [], 0
@@ -141,7 +141,8 @@ def _replayed_runs(runs: tuple[tuple[bool, int], ...], recomputed: int) -> list[
     return out
 
 
-def _recomputed_layers(job: Job, chunk_layers: int) -> int:
+def recomputed_layers(job: Job, chunk_layers: int) -> int:
+    """Layers of a chunk whose backward replays their forward (full/block: the first k)."""
     r = job.plan.recompute
     if r.granularity is RecomputeGranularity.none:
         return 0
@@ -255,13 +256,13 @@ def backward_span(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtr
     """The backward step of ``step_spans``, with the recompute it replays."""
     plan, host = job.plan, cost.host
     p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
-    rec = _recomputed_layers(job, job.chunk_layers[stage][chunk])
+    rec = recomputed_layers(job, job.chunk_layers[stage][chunk])
     asynchronous = cost.asynchronous
     bwd = Span(0.0, 0.0, 0.0, asynchronous)
     if stage == p - 1 and chunk == v - 1:
         bwd = bwd.then(ext.output_backward.span)
     # backward runs the chunk's layers last to first; block recompute covers the first ones
-    for moe, k, replayed in reversed(_replayed_runs(job.chunk_runs(stage, chunk), rec)):
+    for moe, k, replayed in reversed(replayed_runs(job.chunk_runs(stage, chunk), rec)):
         lt = layers[moe]
         bwd = bwd.then(lt.backward_only.span.times(k - replayed)).then(lt.backward.span.times(replayed))
     if stage == 0 and chunk == 0:
