@@ -325,6 +325,9 @@ class CollectiveParams(BaseModel):
     network: LinkParams
 
 
+_LoadAverage = Annotated[float, Field(**limits.LOAD_AVERAGE_RANGE)]
+
+
 class DeviceInfo(BaseModel):
     """Where a profile was measured; all null for a published profile."""
 
@@ -338,12 +341,14 @@ class DeviceInfo(BaseModel):
     host: str | None = None
     kind: Literal["cpu", "cuda"] | None = Field(None, description="What torch measured on.")
     threads: int | None = Field(
-        None, gt=0, description="Torch threads per process while measuring; a run validated against the profile "
-                                "must use as many per rank.")
-    cores: int | None = Field(None, gt=0, description="CPU cores the machine has (os.cpu_count()).")
-    load_average: tuple[float, float, float] | None = Field(
+        None, gt=0, le=limits.MAX_THREADS,
+        description="Torch threads per process while measuring; a run validated against the profile must use as "
+                    "many per rank.")
+    cores: int | None = Field(None, gt=0, le=limits.MAX_CORES, description="CPU cores the machine has (os.cpu_count()).")
+    load_average: tuple[_LoadAverage, _LoadAverage, _LoadAverage] | None = Field(
         None, description="1, 5 and 15-minute load averages when measuring began: how busy the machine was.")
-    load_average_end: tuple[float, float, float] | None = Field(None, description="... when it ended.")
+    load_average_end: tuple[_LoadAverage, _LoadAverage, _LoadAverage] | None = Field(
+        None, description="... when it ended.")
 
 
 class HardwareProfile(BaseModel):
