@@ -95,6 +95,14 @@ FIXED_SECONDS_RANGE = dict(ge=0, le=1.0)
 SIZE_RANGE = dict(ge=0, le=1e15)
 """Where a curve bends, in elements or bytes."""
 
+MEASURED_SECONDS_RANGE = dict(gt=0, le=86_400.0)
+"""A time measured once (a kernel, a collective, an iteration, a timer's total), seconds: under a day, for
+no step of a training run that is timed takes longer."""
+
+FIT_VALUE_RANGE = dict(ge=0, le=1e15)
+"""A value of a point a profile was fitted to: a size in elements or bytes, a count, a 0/1 flag, a time or a
+bandwidth; none is negative and none is larger than a size (``SIZE_RANGE``)."""
+
 LOAD_AVERAGE_RANGE = dict(ge=0, le=1e6)
 """A machine's load average (runnable threads): a million is past any machine built."""
 
