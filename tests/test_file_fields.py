@@ -1,7 +1,9 @@
-"""What a file can set is bounded as the command line's flag for it is.
+"""What a file can set is bounded and typed as the command line's flag for it is.
 
 Every flag with a bound has a file field that refuses the value just past that bound (and takes the
-bound itself), so a model, plan, run-record or profile file cannot say what the flag refuses.
+bound itself), so a model, plan, run-record or profile file cannot say what the flag refuses. A file's
+numbers are read strictly: ``true`` is not 1 and ``"12"`` is not 12 (a whole number may stand for a
+number), while the flags still read text, as a command line holds nothing else.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import click
 import pytest
 import yaml
 from click.testing import CliRunner
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from simulator.cli import COMMANDS, cli
 from simulator.cli.options import BoundedFloat, BoundedInt
@@ -24,6 +26,7 @@ from simulator.measure.run_record import RunRecord, load_run_record
 from simulator.spec import limits
 from simulator.spec.catalog import PRESETS, load_model
 from simulator.spec.errors import SimulatorError
+from simulator.spec.hardware import load_cluster, load_gpu
 from simulator.spec.model import ModelSpec
 from simulator.spec.plan import ParallelPlan, RecomputePolicy
 
@@ -169,3 +172,97 @@ def test_a_moe_load_imbalance_past_the_flags_bound_is_one_sentence(tmp_path):
         assert result.exit_code == 2, result.output
         assert result.stderr.count("\n") == 1 and "moe_load_imbalance" in result.stderr
         assert f"at most {limits.MAX_EXPERT_LOAD:g}" in result.stderr
+
+
+# --- types --------------------------------------------------------------------------------------
+
+def _gpu_file(tmp_path: Path, change: dict) -> str:
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump({**load_gpu("H100-SXM5-80GB").model_dump(mode="json"), **change}))
+    return str(path)
+
+
+def _cluster_file(tmp_path: Path, change: dict) -> str:
+    doc = yaml.safe_load((REPO / "hardware_specs" / "clusters" / "dgx-h100.yaml").read_text())
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({**doc, **change}))
+    return str(path)
+
+
+WRONG_TYPES = [
+    # (file, where, value, what the message says it should be)
+    ("model", ("ffn_hidden_size",), True, "a whole number"),
+    ("model", ("num_layers",), "12", "a whole number"),
+    ("model", ("num_layers",), 12.5, "a whole number"),
+    ("model", ("attention_dropout",), True, "a number"),
+    ("model", ("attention_dropout",), "0.1", "a number"),
+    ("model", ("swiglu",), 1, "true or false"),
+    ("model", ("swiglu",), "yes", "true or false"),
+    ("run record", ("world_size",), "1", "a whole number"),
+    ("run record", ("plan", "micro_batch_size"), True, "a whole number"),
+    ("run record", ("plan", "sequence_parallel"), 0, "true or false"),
+    ("run record", ("iteration_times_s",), ["0.5"] * 8, "a number"),
+    ("profile", ("gemm", "tile_m"), "128", "a whole number"),
+    ("profile", ("gemm", "max_efficiency"), True, "a number"),
+    ("profile", ("overlap_compute_slowdown",), "0.1", "a number"),
+]
+
+
+@pytest.mark.parametrize("kind, path, value, expected", WRONG_TYPES, ids=lambda x: str(x)[:20])
+def test_a_file_value_of_the_wrong_type_is_refused_not_converted(tmp_path, kind, path, value, expected):
+    with pytest.raises(SimulatorError) as refused:
+        FILES[kind][2](_file(tmp_path, kind, path, value, False))
+    message = str(refused.value)
+    assert f"not {expected}" in message and path[-1] in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("loader, change, field", [
+    (lambda tmp, c: load_gpu(_gpu_file(tmp, c)), {"sm_count": "132"}, "sm_count"),
+    (lambda tmp, c: load_gpu(_gpu_file(tmp, c)), {"hbm_capacity_gib": True}, "hbm_capacity_gib"),
+    (lambda tmp, c: load_gpu(_gpu_file(tmp, c)), {"asynchronous": 1}, "asynchronous"),
+    (lambda tmp, c: load_cluster(_cluster_file(tmp, c)), {"gpus_per_node": "8"}, "gpus_per_node"),
+    (lambda tmp, c: load_cluster(_cluster_file(tmp, c)), {"nvswitch": 1}, "nvswitch"),
+    (lambda tmp, c: load_cluster(_cluster_file(tmp, c)), {"nic_line_rate_gbit_s": "400"}, "nic_line_rate_gbit_s"),
+])
+def test_gpu_and_cluster_files_are_read_strictly(tmp_path, loader, change, field):
+    with pytest.raises(SimulatorError, match=field):
+        loader(tmp_path, change)
+
+
+def test_a_whole_number_stands_for_a_number_in_a_file(tmp_path):
+    model = load_model(_file(tmp_path, "model", ("attention_dropout",), 0, False))
+    assert model.attention_dropout == 0.0 and isinstance(model.attention_dropout, float)
+    profile = load_profile(_file(tmp_path, "profile", ("gemm", "k_half"), 128, False))
+    assert profile.gemm.k_half == 128.0
+    assert load_cluster(_cluster_file(tmp_path, {"nic_line_rate_gbit_s": 400})).nic_line_rate_gbit_s == 400.0
+
+
+def test_the_flags_still_read_text():
+    """A command line is text: click converts it before any model sees it, so the flags take what files refuse."""
+    result = CliRunner().invoke(cli, ["plan", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64",
+                                      "--tp", "2", "--pp", "4", "--ep", "8", "--sp", "--moe-load-imbalance", "1.5",
+                                      "--seq-length", "2048", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["plan"]["tensor_parallel_size"] == 2 and doc["moe_load_imbalance"] == 1.5
+    result = CliRunner().invoke(cli, ["search", "--model", "gpt3-125m", "--gpus", "8", "--gbs", "16", "--top", "2",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["plans"]
+
+
+def test_a_model_built_in_python_still_converts_as_before():
+    """Only files are strict: the library's own callers (the search, the presets) keep pydantic's usual reading."""
+    assert ModelSpec(num_layers="4", hidden_size=256, num_attention_heads=8).num_layers == 4
+    with pytest.raises(ValidationError):
+        ModelSpec(num_layers=4, hidden_size=256, num_attention_heads=8, moe_load_imbalance=1e4)
+
+
+@pytest.mark.parametrize("value", [1e308, 86_401.0, -1.0, "0.2", True])
+def test_a_run_records_timers_are_plausible_times(tmp_path, value):
+    """A timer's total of one iteration is a time a step of a run takes: finite, at least 0 (a timer that
+    never ran), under a day like the iteration it is part of."""
+    doc = json.loads(RUN_RECORD.read_text())
+    assert doc["timers"]["forward-compute"][1]
+    with pytest.raises(SimulatorError, match="timers.forward-compute.1.0"):
+        load_run_record(_file(tmp_path, "run record", ("timers", "forward-compute", 1, 0), value, False))

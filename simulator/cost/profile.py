@@ -30,7 +30,16 @@ from pydantic import (
 
 from simulator.cost.curves import interpolate_log_log
 from simulator.spec import limits
-from simulator.spec._io import check_name, exists, parse_json, read_text, short_repr, validation_message, write_output
+from simulator.spec._io import (
+    check_name,
+    exists,
+    parse_json,
+    read_text,
+    short_repr,
+    validate_file_data,
+    validation_message,
+    write_output,
+)
 from simulator.spec.errors import ProfileError
 
 SCHEMA_VERSION = 1
@@ -500,11 +509,11 @@ def _parse(text: str, where: str) -> HardwareProfile:
     if not isinstance(data, dict):
         raise ProfileError(f"profile {where} must hold a JSON object, not {type(data).__name__}; rebuild it")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION or isinstance(version, bool):  # true is not 1 in a file
         raise ProfileError(f"profile {where} has schema_version={short_repr(version)} but this simulator reads "
                            f"version {SCHEMA_VERSION}; rebuild the profile with this version")
     try:
-        return HardwareProfile.model_validate(data)
+        return validate_file_data(HardwareProfile, data)
     except ValidationError as exc:
         err, message = exc.errors()[0], validation_message(exc, "profile")
         if err["type"] == "value_error" and err["loc"]:  # a block's own rule: say which block
