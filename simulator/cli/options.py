@@ -114,8 +114,8 @@ MICRO_BATCH = BoundedInt(1, limits.MAX_MICRO_BATCH_SIZE)
 GLOBAL_BATCH = BoundedInt(1, limits.MAX_GLOBAL_BATCH_SIZE)
 SEQ_LENGTH = BoundedInt(1, limits.MAX_SEQ_LENGTH)
 LAYERS = BoundedInt(1, limits.MAX_LAYERS)
-# the busiest expert rank's tokens over its balanced share: 1 is perfect balance; past 1,000 nothing is routed
-LOAD_IMBALANCE = BoundedFloat(1, 1000, closed=True)
+# the busiest expert rank's tokens over its balanced share: 1 is perfect balance
+LOAD_IMBALANCE = BoundedFloat(1, limits.MAX_EXPERT_LOAD, closed=True)
 
 # (param_decls, kwargs) in the order --help lists them; the parameter names are what
 # job_from_options reads.

@@ -11,11 +11,13 @@ The formulas that use these parameters live in ``simulator.cost``.
 
 from __future__ import annotations
 
+import math
+import operator
 import os
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -28,7 +30,16 @@ from pydantic import (
 
 from simulator.cost.curves import interpolate_log_log
 from simulator.spec import limits
-from simulator.spec._io import check_name, exists, parse_json, read_text, short_repr, validation_message, write_output
+from simulator.spec._io import (
+    check_name,
+    exists,
+    parse_json,
+    read_text,
+    short_repr,
+    validate_file_data,
+    validation_message,
+    write_output,
+)
 from simulator.spec.errors import ProfileError
 
 SCHEMA_VERSION = 1
@@ -37,6 +48,7 @@ SCHEMA_VERSION = 1
 # cost models derive from it overflows or turns negative: a corrupt file is refused, not used.
 _FRACTION, _SECONDS = limits.FRACTION_RANGE, limits.FIXED_SECONDS_RANGE
 _GBPS, _SIZE = limits.GBPS_RANGE, limits.SIZE_RANGE
+_MEASURED_S, _POINT = limits.MEASURED_SECONDS_RANGE, limits.FIT_VALUE_RANGE
 
 
 def _profile_dir() -> Path:
@@ -60,6 +72,23 @@ class FitRecord(BaseModel):
             raise ValueError(f"fit points must each have {len(self.columns)} values ({', '.join(self.columns)})")
         if len(self.residuals) != len(self.points):
             raise ValueError(f"a fit has {len(self.points)} points but {len(self.residuals)} residuals; keep one per point")
+        return self
+
+    @model_validator(mode="after")
+    def _points_are_measurements(self) -> "FitRecord":
+        """Each value is what its column says it is: a time or a bandwidth is positive and in its physical
+        range, every other value (a size, a count, a 0/1 flag) from 0 to the largest size."""
+        for i, point in enumerate(self.points):
+            for column, x in zip(self.columns, point):
+                if column.endswith("_gbps"):
+                    ok, say = _GBPS["ge"] <= x <= _GBPS["le"], f"from {_GBPS['ge']:g} to {_GBPS['le']:g} GB/s"
+                elif column.endswith("_s"):
+                    ok, say = 0 < x <= _MEASURED_S["le"], f"more than 0 and at most {_MEASURED_S['le']:g} s"
+                else:
+                    ok, say = _POINT["ge"] <= x <= _POINT["le"], f"from {_POINT['ge']:g} to {_POINT['le']:g}"
+                if not ok:
+                    raise ValueError(f"fit point {i} has {column}={x:g}; a measured {column} is {say}, so measure "
+                                     "again or drop the point")
         return self
 
     @property
@@ -96,13 +125,29 @@ class _Block(BaseModel):
             if name in _BOOKKEEPING or not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise ValueError(f"{type(self).__name__} has a range for {name!r}, which is not one of its numbers; "
                                  "remove it or fix its name")
-            if not low <= value <= high:
-                raise ValueError(f"{type(self).__name__}.{name}={value} lies outside its range [{low}, {high}]; "
-                                 "widen the range or fix the value")
-        return self
+        return self  # the profile checks each range against its value, where it knows the value's path
 
 
 _BOOKKEEPING = {"sources", "fits", "ranges"}
+
+
+def _check_range(path: str, value: float, low: float, high: float, metadata: list[Any]) -> None:
+    """A declared (low, high) is checked as its value is: both ends finite and inside the value's own
+    bounds (the band moves the value to either end), and the value between them."""
+    *block, name = path.split(".")
+    where = ".".join([*block, "ranges", name])
+    bounds = [(kind, getattr(m, kind)) for m in metadata for kind in _BOUNDS if hasattr(m, kind)]
+    for end in (low, high):
+        if not math.isfinite(end) or not all(_BOUNDS[kind][0](end, bound) for kind, bound in bounds):
+            allowed = " and ".join(f"{_BOUNDS[kind][1]} {bound:g}" for kind, bound in bounds) or "finite"
+            raise ValueError(f"{where} reaches {end:g}, but {path} must be {allowed}; give a range inside those "
+                             "bounds")
+    if not low <= value <= high:
+        raise ValueError(f"{path}={value} lies outside its range [{low}, {high}]; widen the range or fix the value")
+
+
+_BOUNDS = {"ge": (operator.ge, "at least"), "gt": (operator.gt, "more than"), "le": (operator.le, "at most"),
+           "lt": (operator.lt, "less than")}
 
 
 class GemmParams(_Block):
@@ -135,9 +180,10 @@ class GemmParams(_Block):
     @model_validator(mode="after")
     def _measured_shapes_are_shapes(self) -> "GemmParams":
         keys = [row[:5] for row in self.measured or ()]
-        if any(min(row[:5]) < 1 or not 0 < row[5] <= _SECONDS["le"] for row in self.measured or ()):
-            raise ValueError("measured GEMMs need positive m, n, k, batch and dtype_bytes and a time from 0 to "
-                             f"{_SECONDS['le']:g} s; measure again or drop them")
+        if any(min(row[:5]) < 1 or max(row[:5]) > _SIZE["le"] or not 0 < row[5] <= _SECONDS["le"]
+               for row in self.measured or ()):
+            raise ValueError(f"measured GEMMs need m, n, k, batch and dtype_bytes from 1 to {_SIZE['le']:g} and a "
+                             f"time from 0 to {_SECONDS['le']:g} s; measure again or drop them")
         if len(set(keys)) != len(keys):
             raise ValueError("measured GEMMs repeat a shape; keep one time per (m, n, k, batch, dtype_bytes)")
         return self
@@ -308,14 +354,18 @@ class HostParams(_Block):
     data is broadcast, so every pipeline step starts from an empty queue.
     """
 
-    op_s: float = Field(ge=0, description="Host time per forward op (recompute included), s.")
-    backward_op_s: float = Field(ge=0, description="Host time per op the autograd engine issues in the backward, s.")
-    collective_s: float = Field(ge=0, description="Host time per collective call (tensor-parallel, data-parallel), s.")
-    pipeline_exchange_s: float = Field(ge=0, description="Host time of one pipeline send/receive exchange, s.")
+    op_s: float = Field(description="Host time per forward op (recompute included), s.", **_SECONDS)
+    backward_op_s: float = Field(
+        description="Host time per op the autograd engine issues in the backward, s.", **_SECONDS)
+    collective_s: float = Field(
+        description="Host time per collective call (tensor-parallel, data-parallel), s.", **_SECONDS)
+    pipeline_exchange_s: float = Field(description="Host time of one pipeline send/receive exchange, s.", **_SECONDS)
     micro_batch_s: float = Field(
-        ge=0, description="Host time per forward step outside the layers: the micro-batch's data, masks, loss, schedule, s.")
+        description="Host time per forward step outside the layers: the micro-batch's data, masks, loss, schedule, s.",
+        **_SECONDS)
     iteration_s: float = Field(
-        ge=0, description="Host time per iteration outside the steps: optimizer bookkeeping, gradient-norm sync, s.")
+        description="Host time per iteration outside the steps: optimizer bookkeeping, gradient-norm sync, s.",
+        **_SECONDS)
 
 
 class CollectiveParams(BaseModel):
@@ -323,6 +373,9 @@ class CollectiveParams(BaseModel):
 
     nvlink: LinkParams
     network: LinkParams
+
+
+_LoadAverage = Annotated[float, Field(**limits.LOAD_AVERAGE_RANGE)]
 
 
 class DeviceInfo(BaseModel):
@@ -338,12 +391,14 @@ class DeviceInfo(BaseModel):
     host: str | None = None
     kind: Literal["cpu", "cuda"] | None = Field(None, description="What torch measured on.")
     threads: int | None = Field(
-        None, gt=0, description="Torch threads per process while measuring; a run validated against the profile "
-                                "must use as many per rank.")
-    cores: int | None = Field(None, gt=0, description="CPU cores the machine has (os.cpu_count()).")
-    load_average: tuple[float, float, float] | None = Field(
+        None, gt=0, le=limits.MAX_THREADS,
+        description="Torch threads per process while measuring; a run validated against the profile must use as "
+                    "many per rank.")
+    cores: int | None = Field(None, gt=0, le=limits.MAX_CORES, description="CPU cores the machine has (os.cpu_count()).")
+    load_average: tuple[_LoadAverage, _LoadAverage, _LoadAverage] | None = Field(
         None, description="1, 5 and 15-minute load averages when measuring began: how busy the machine was.")
-    load_average_end: tuple[float, float, float] | None = Field(None, description="... when it ended.")
+    load_average_end: tuple[_LoadAverage, _LoadAverage, _LoadAverage] | None = Field(
+        None, description="... when it ended.")
 
 
 class HardwareProfile(BaseModel):
@@ -397,26 +452,28 @@ class HardwareProfile(BaseModel):
 
     @model_validator(mode="after")
     def _ranges_hold_their_values(self) -> "HardwareProfile":
-        for name, (low, high) in self.ranges.items():
+        for name in self.ranges:
             if name != "overlap_compute_slowdown":
                 raise ValueError(f"the profile has a range for {name!r}, which is not one of its own numbers; "
                                  "put it in the block the number belongs to")
-            if not low <= getattr(self, name) <= high:
-                raise ValueError(f"{name}={getattr(self, name)} lies outside its range [{low}, {high}]; "
-                                 "widen the range or fix the value")
+        for path, holder, name, low, high in self._ranged():
+            _check_range(path, getattr(holder, name), low, high, type(holder).model_fields[name].metadata)
         return self
 
-    def unpinned(self) -> list[tuple[str, float, float, float]]:
-        """(path, value, low, high) of every number a range is declared for, e.g. ``gemm.k_half``."""
-        out = [(name, float(getattr(self, name)), low, high) for name, (low, high) in sorted(self.ranges.items())]
+    def _ranged(self) -> list[tuple[str, BaseModel, str, float, float]]:
+        """(path, the model holding the number, its name, low, high) of every number a range is declared for."""
+        out = [(name, self, name, low, high) for name, (low, high) in sorted(self.ranges.items())]
         blocks = [("gemm", self.gemm), ("gemm_fp8", self.gemm_fp8), ("elementwise", self.elementwise),
                   ("attention", self.attention), ("collectives.nvlink", self.collectives.nvlink),
                   ("collectives.network", self.collectives.network), ("host", self.host)]
         for path, block in blocks:
             if block is not None:
-                out += [(f"{path}.{name}", float(getattr(block, name)), low, high)
-                        for name, (low, high) in sorted(block.ranges.items())]
+                out += [(f"{path}.{name}", block, name, low, high) for name, (low, high) in sorted(block.ranges.items())]
         return out
+
+    def unpinned(self) -> list[tuple[str, float, float, float]]:
+        """(path, value, low, high) of every number a range is declared for, e.g. ``gemm.k_half``."""
+        return [(path, float(getattr(holder, name)), low, high) for path, holder, name, low, high in self._ranged()]
 
     def with_value(self, path: str, value: float) -> "HardwareProfile":
         """This profile with the number at ``path`` (as ``unpinned`` names it) set to ``value``."""
@@ -452,13 +509,16 @@ def _parse(text: str, where: str) -> HardwareProfile:
     if not isinstance(data, dict):
         raise ProfileError(f"profile {where} must hold a JSON object, not {type(data).__name__}; rebuild it")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION or isinstance(version, bool):  # true is not 1 in a file
         raise ProfileError(f"profile {where} has schema_version={short_repr(version)} but this simulator reads "
                            f"version {SCHEMA_VERSION}; rebuild the profile with this version")
     try:
-        return HardwareProfile.model_validate(data)
+        return validate_file_data(HardwareProfile, data)
     except ValidationError as exc:
-        raise ProfileError(f"profile {where}: {validation_message(exc, 'profile')}; fix the file or rebuild it") from None
+        err, message = exc.errors()[0], validation_message(exc, "profile")
+        if err["type"] == "value_error" and err["loc"]:  # a block's own rule: say which block
+            message = f"in {'.'.join(str(p) for p in err['loc'])}, {message}"
+        raise ProfileError(f"profile {where}: {message}; fix the file or rebuild it") from None
 
 
 def load_profile(path_or_name: str | os.PathLike) -> HardwareProfile:

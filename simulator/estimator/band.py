@@ -16,6 +16,7 @@ constants as long as each acts the same way at any setting of the others.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,11 +66,17 @@ def corners(job: Job, profile=None, top: int = 5) -> Corners:
     """Screen each unpinned constant at both ends of its range; return the two corner profiles."""
     base_profile = _profile(job, profile)
     base = screen(job, base_profile)
+    return corners_by(base_profile, lambda path, end: screen(job, base_profile.with_value(path, end)) / base - 1, top)
+
+
+def corners_by(base_profile: HardwareProfile, change: Callable[[str, float], float], top: int = 5) -> Corners:
+    """The corners of one answer, given ``change(path, end)``: the relative change of its iteration time with
+    the constant at ``path`` moved to ``end`` (and every other constant at its value)."""
     fast, slow, drivers = base_profile, base_profile, []
     for path, value, low, high in base_profile.unpinned():
         changes = []
         for end in (low, high):
-            changes.append(0.0 if end == value else screen(job, base_profile.with_value(path, end)) / base - 1)
+            changes.append(0.0 if end == value else change(path, end))
         at_low, at_high = changes
         fast_end, slow_end = (low, high) if at_low <= at_high else (high, low)
         if fast_end != value:

@@ -13,20 +13,24 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from simulator.spec._io import parse_json, read_text, validation_message, write_output
+from simulator.spec import limits
+from simulator.spec._io import parse_json, read_text, validate_file_data, validation_message, write_output
 from simulator.spec.errors import RunRecordError
 from simulator.spec.model import ModelSpec
 from simulator.spec.plan import ParallelPlan, RecomputeGranularity
 
 FORMAT_VERSION = 1
 
-# What a measurement can be: a time of a layer or an iteration is positive and under a day; a byte
-# count fits in a machine; a loss is a cross-entropy, at least 0 and (with a vocabulary of at most
-# a few million) far below 1,000. A NaN loss is a diverged run, not a record to validate against.
-_SECONDS = dict(ge=0, le=86_400.0)
+# What a measurement can be: a time of a layer, an iteration or a timer is finite and under a day
+# (limits.MEASURED_SECONDS_RANGE; a timer that never ran reads 0); a byte count fits in a machine; a loss is
+# a cross-entropy, at least 0 and (with a vocabulary of at most a few million) far below 1,000. A NaN loss
+# is a diverged run, not a record to validate against.
+_SECONDS = dict(ge=0, le=limits.MEASURED_SECONDS_RANGE["le"])
 _BYTES = dict(ge=0, le=2**60)
-Seconds = Annotated[float, Field(gt=0, le=86_400.0)]
+Seconds = Annotated[float, Field(**limits.MEASURED_SECONDS_RANGE)]
+TimerSeconds = Annotated[float, Field(**_SECONDS)]
 Loss = Annotated[float, Field(ge=0, le=1_000.0)]
+LoadAverage = Annotated[float, Field(**limits.LOAD_AVERAGE_RANGE)]
 
 
 class LayerRecord(BaseModel):
@@ -34,9 +38,9 @@ class LayerRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    index: int = Field(ge=0, le=2**31, description="Global layer index.")
-    stage: int = Field(ge=0, le=2**31, description="Pipeline stage that holds the layer.")
-    chunk: int = Field(ge=0, le=2**31, description="Model chunk on that stage (interleaved schedule).")
+    index: int = Field(ge=0, lt=limits.MAX_LAYERS, description="Global layer index.")
+    stage: int = Field(ge=0, lt=limits.MAX_GPUS, description="Pipeline stage that holds the layer.")
+    chunk: int = Field(ge=0, lt=limits.MAX_LAYERS, description="Model chunk on that stage (interleaved schedule).")
     recompute_granularity: RecomputeGranularity = Field(
         description="What applied to this layer (block recompute leaves the later layers of a chunk at 'none')."
     )
@@ -63,21 +67,25 @@ class RunRecord(BaseModel):
     plan: ParallelPlan
     cluster: str = Field(description="Cluster spec the predictions use (local-cpu for CPU runs).")
     device: str = Field(description="What ran it, e.g. 'cpu (16 threads)' or 'cuda: NVIDIA H100 80GB HBM3'.")
-    world_size: int = Field(gt=0, le=2**31)
+    world_size: int = Field(gt=0, le=limits.MAX_GPUS)
     torch_version: str
-    seed: int = 0
-    warmup_iterations: int = Field(0, ge=0, le=2**31, description="Leading iterations left out of the layer times.")
-    iteration_times_s: list[Seconds] = Field(description="Wall time of each iteration, slowest rank, s.")
-    losses: list[Loss] = Field(description="Mean training loss of each iteration over the global batch.")
-    layers: list[LayerRecord]
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
+    warmup_iterations: int = Field(
+        0, ge=0, le=limits.MAX_ITERATIONS, description="Leading iterations left out of the layer times.")
+    iteration_times_s: list[Seconds] = Field(
+        max_length=limits.MAX_ITERATIONS, description="Wall time of each iteration, slowest rank, s.")
+    losses: list[Loss] = Field(
+        max_length=limits.MAX_ITERATIONS, description="Mean training loss of each iteration over the global batch.")
+    layers: list[LayerRecord] = Field(max_length=limits.MAX_LAYERS)
     peak_allocated_bytes_per_stage: list[Annotated[int, Field(**_BYTES)]] | None = Field(
-        None, description="torch.cuda.max_memory_allocated, largest over a stage's ranks (null on CPU)."
-    )
+        None, max_length=limits.MAX_GPUS,
+        description="torch.cuda.max_memory_allocated, largest over a stage's ranks (null on CPU).")
     threads_per_rank: int | None = Field(
-        None, gt=0, description="Torch threads each rank ran with, set and checked by the loop (null: not recorded).")
-    load_average: tuple[float, float, float] | None = Field(
+        None, gt=0, le=limits.MAX_THREADS,
+        description="Torch threads each rank ran with, set and checked by the loop (null: not recorded).")
+    load_average: tuple[LoadAverage, LoadAverage, LoadAverage] | None = Field(
         None, description="1, 5 and 15-minute load averages when the run began: how busy the machine was.")
-    timers: dict[str, list[list[float]]] | None = Field(
+    timers: dict[str, list[list[TimerSeconds]]] | None = Field(
         None, description="Megatron's per-rank timers (forward-compute, backward-compute, forward-recv, "
                           "forward-send, backward-recv, backward-send, layernorm-grads-all-reduce, "
                           "embedding-grads-all-reduce, grads-all-reduce, optimizer, iteration): name -> one list "
@@ -98,9 +106,9 @@ class RunRecord(BaseModel):
             raise ValueError(f"layers must list each of the {self.model.num_layers} layers once")
         for name, per_iteration in (self.timers or {}).items():
             if len(per_iteration) != len(self.iteration_times_s) or any(
-                    len(ranks) != self.world_size or any(t < 0 for t in ranks) for ranks in per_iteration):
+                    len(ranks) != self.world_size for ranks in per_iteration):
                 raise ValueError(f"timer {name!r} must have one list per iteration ({len(self.iteration_times_s)}) "
-                                 f"of {self.world_size} non-negative times, one per rank")
+                                 f"of {self.world_size} times, one per rank")
         return self
 
     @property
@@ -117,7 +125,7 @@ def load_run_record(path: str | Path) -> RunRecord:
     if not isinstance(data, dict):
         raise RunRecordError(f"run record {str(path)!r} must hold a JSON object, not {type(data).__name__}")
     try:
-        return RunRecord.model_validate(data)
+        return validate_file_data(RunRecord, data)
     except ValidationError as exc:
         raise RunRecordError(f"run record {str(path)!r} is malformed: {validation_message(exc, 'run record')}") from None
 

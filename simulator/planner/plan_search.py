@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simulator.estimator.band import corners
+from simulator.estimator.band import corners_by
 from simulator.estimator.prediction import Estimate, simulate_job
 from simulator.planner.memo import SearchMemo, peak_bytes
 from simulator.planner.space import (
@@ -55,9 +55,9 @@ class RankedPlan(BaseModel):
     estimate: Estimate
     screen_time_s: float = Field(description="The closed-form screen's iteration time for this plan.")
     iteration_time_s_low: float | None = Field(
-        None, description="The iteration time at the band's fast corner (the best plan's unpinned constants at "
-                          "the ends that make it fastest).")
-    iteration_time_s_high: float | None = Field(None, description="... at the slow corner.")
+        None, description="The iteration time at the band's fast corner (this plan's unpinned constants at the "
+                          "ends that make it fastest), never above its iteration time.")
+    iteration_time_s_high: float | None = Field(None, description="... at the slow corner, never below it.")
     within_band_of_best: bool = Field(
         False, description="Its lead (or the best plan's) flips at a corner of the band: the profile cannot tell "
                            "the two apart.")
@@ -137,23 +137,38 @@ class _Closest:
 
 
 def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: list) -> list[RankedPlan]:
-    """The ranked plans with their bands: the corners are the best plan's, and each plan's time at a
-    corner is its engine time scaled by what the screen says the corner does to it (the screen at the
-    profile itself is the plan's screen time)."""
+    """The ranked plans with their bands. A plan's band is its own, as ``band.band`` gives it: each unpinned
+    constant at the ends that make this plan fastest (or slowest), each corner timed as the plan's engine
+    time scaled by what the screen says the corner does to it (the screen at the profile itself is the
+    plan's screen time), and the band widened to hold the engine time. Whether a plan is within the band
+    of the best is judged at the best plan's corners, where both plans are timed under the same constants."""
     if not ranked:
         return []
-    c = corners(Job.model_construct(model=req.model, cluster=req.cluster, plan=ranked[0][1].plan), profile)
-    fast, slow = SearchMemo(req, template, c.fast), SearchMemo(req, template, c.slow)
-    bands = []
+    base_profile = SearchMemo(req, template, profile).cost.profile
+    memos: dict[tuple[float, ...], SearchMemo] = {}  # a profile's unpinned values (all it differs in) -> its memo
+
+    def screen_at(p, cand: ScreenedPlan, layout: Candidate) -> float:
+        key = tuple(value for _, value, _, _ in p.unpinned())
+        if key not in memos:
+            memos[key] = SearchMemo(req, template, p)
+        return memos[key].screen_s(layout, cand.plan)
+
+    best = None
+    rows = []
     for est, cand, layout in ranked:
-        base = cand.screen_time_s
-        bands.append((est.iteration_time_s * fast.screen_s(layout, cand.plan) / base,
-                      est.iteration_time_s * slow.screen_s(layout, cand.plan) / base))
-    (best_low, best_high) = bands[0]
+        t, base = est.iteration_time_s, cand.screen_time_s
+        own = corners_by(base_profile, lambda path, end: screen_at(base_profile.with_value(path, end), cand, layout)
+                         / base - 1)
+        if best is None:
+            best = own
+        fast, slow = (t * screen_at(c, cand, layout) / base for c in (own.fast, own.slow))
+        at_best = (t * screen_at(best.fast, cand, layout) / base, t * screen_at(best.slow, cand, layout) / base)
+        rows.append((est, cand, min(t, fast, slow), max(t, fast, slow), at_best))
+    best_at_best = rows[0][4]
     return [RankedPlan(rank=i + 1, plan=cand.plan, estimate=est, screen_time_s=cand.screen_time_s,
                        iteration_time_s_low=low, iteration_time_s_high=high,
-                       within_band_of_best=i > 0 and (low <= best_low or high <= best_high))
-            for i, ((est, cand, _), (low, high)) in enumerate(zip(ranked, bands))]
+                       within_band_of_best=i > 0 and (at_best[0] <= best_at_best[0] or at_best[1] <= best_at_best[1]))
+            for i, (est, cand, low, high, at_best) in enumerate(rows)]
 
 
 def search(req: SearchRequest, profile=None, tokens: float | None = None, top: int = 10,

@@ -190,13 +190,29 @@ def validation_message(exc: ValidationError, what: str) -> str:
         return f"{what} field {loc!r} is {value}, out of range; use {words} {_number(err['ctx'][key])}"
     if err["type"] == "finite_number":
         return f"{what} field {loc!r} is {value}, not a finite number; give a finite value"
+    if err["type"] in _TYPES:
+        kind = _TYPES[err["type"]]
+        return (f"{what} field {loc!r} is {value}, not {kind}; write {kind}"
+                + (" without quotes" if isinstance(err.get("input"), str) and err["type"] != "string_type" else ""))
     return f"{what} field {loc!r}: {msg} (got {value})"
 
 
-def build(model: type[T], data: dict[str, Any], what: str) -> T:
-    """Validate ``data`` into ``model``; a failure is one ConfigError sentence."""
+_TYPES = {"int_type": "a whole number", "float_type": "a number", "bool_type": "true or false",
+          "string_type": "text"}
+
+
+def validate_file_data(model: type[T], data: Any) -> T:
+    """Validate what a file held into ``model`` strictly, as JSON: a number is a number and a flag is true or
+    false, never text or a flag standing for one (``true`` is not 1, ``"12"`` is not 12; a whole number
+    may stand where a number is expected). Values JSON has no type for (a YAML date) are read as text."""
+    return model.model_validate_json(json.dumps(data, default=str), strict=True)
+
+
+def build(model: type[T], data: dict[str, Any], what: str, strict: bool = False) -> T:
+    """Validate ``data`` into ``model``; a failure is one ConfigError sentence. ``strict``: ``data`` was read
+    from a file (``validate_file_data``); Python values (the command line's, already converted) are not."""
     try:
-        return model.model_validate(data)
+        return validate_file_data(model, data) if strict else model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_message(exc, what)) from None
 

@@ -33,7 +33,7 @@ def _load_model(name_or_path: str, seq_length: int | None = None) -> ModelSpec:
 
             return model_from_hf_config(data, path, seq_length=seq_length)  # its notes depend on it
         data.setdefault("name", path.stem)
-        return build(ModelSpec, data, f"model file {str(path)!r}")
+        return build(ModelSpec, data, f"model file {str(path)!r}", strict=True)
     raise ConfigError(
         f"unknown model {name_or_path!r}; use a preset ({', '.join(sorted(PRESETS))}), a YAML/JSON file "
         "or a Hugging Face config.json"

@@ -168,7 +168,7 @@ def load_gpu(name_or_path: str) -> GpuSpec:
         path = Path(name_or_path)
         if not exists(path, "GPU spec"):
             raise ConfigError(f"unknown GPU {name_or_path!r}; use one of {', '.join(gpu_names())} or a YAML file")
-    return build(GpuSpec, read_mapping(path, "GPU spec"), f"GPU spec {str(path)!r}")
+    return build(GpuSpec, read_mapping(path, "GPU spec"), f"GPU spec {str(path)!r}", strict=True)
 
 
 def load_cluster(name_or_path: str) -> ClusterSpec:
@@ -182,5 +182,5 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
             )
     data = read_mapping(path, "cluster spec")
     if isinstance(data.get("gpu"), str):
-        data["gpu"] = load_gpu(data["gpu"])
-    return build(ClusterSpec, data, f"cluster spec {str(path)!r}")
+        data["gpu"] = load_gpu(data["gpu"]).model_dump(mode="json")
+    return build(ClusterSpec, data, f"cluster spec {str(path)!r}", strict=True)

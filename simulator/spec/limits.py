@@ -63,6 +63,15 @@ MAX_SEQ_LENGTH = 16_777_216
 MAX_LAYERS_PER_LIST = MAX_LAYERS
 """Entries of a per-stage layer split (one per stage, so at most one per layer)."""
 
+MAX_EXPERTS = 65_536
+"""Routed experts of one MoE layer, and experts a token is routed to (2**16); DeepSeek-V3 routes over 256,
+the most fine-grained published designs over a few thousand."""
+
+MAX_EXPERT_LOAD = 1_000.0
+"""Tokens an expert takes as a multiple of its balanced share: the load imbalance to plan for
+(``--moe-load-imbalance``) and the capacity factor. At a thousand times its share the busiest rank
+of a thousand ranks takes every token; measured imbalances are 1.1 to a few."""
+
 # --- physical ranges of hardware numbers ---------------------------------------------------------
 # Wide enough for a CPU core and for hardware not yet built, narrow enough that no time or byte
 # count the models derive from a spec sheet or a profile overflows or loses meaning.
@@ -85,6 +94,23 @@ FIXED_SECONDS_RANGE = dict(ge=0, le=1.0)
 
 SIZE_RANGE = dict(ge=0, le=1e15)
 """Where a curve bends, in elements or bytes."""
+
+MEASURED_SECONDS_RANGE = dict(gt=0, le=86_400.0)
+"""A time measured once (a kernel, a collective, an iteration, a timer's total), seconds: under a day, for
+no step of a training run that is timed takes longer."""
+
+FIT_VALUE_RANGE = dict(ge=0, le=1e15)
+"""A value of a point a profile was fitted to: a size in elements or bytes, a count, a 0/1 flag, a time or a
+bandwidth; none is negative and none is larger than a size (``SIZE_RANGE``)."""
+
+LOAD_AVERAGE_RANGE = dict(ge=0, le=1e6)
+"""A machine's load average (runnable threads): a million is past any machine built."""
+
+MAX_THREADS = 1_024
+"""Torch threads of one process (``simulator reference --threads``): more cores than one machine has."""
+
+MAX_CORES = 1_048_576
+"""CPU cores of one machine, as ``os.cpu_count()`` reports them (2**20)."""
 
 # --- files ---------------------------------------------------------------------------------------
 

@@ -52,22 +52,22 @@ class ModelSpec(BaseModel):
     attention_dropout: float = Field(0.1, ge=0, lt=1, description="Dropout on attention probabilities (0 = none).")
     hidden_dropout: float = Field(0.1, ge=0, lt=1, description="Dropout before each residual add (0 = none).")
     kv_channels: int | None = Field(
-        None, gt=0, description="Head size (Megatron --kv-channels); default hidden_size / num_attention_heads.")
+        None, gt=0, le=limits.MAX_HIDDEN_SIZE, description="Head size (Megatron --kv-channels); default hidden_size / num_attention_heads.")
     qk_layernorm: bool = Field(False, description="A norm on each head's query and key (Qwen3).")
     # mixture of experts (Megatron's names); a model without num_experts is dense
-    num_experts: int | None = Field(None, gt=1, description="Routed experts of each MoE layer (None: dense).")
-    moe_router_topk: int = Field(2, gt=0, description="Experts each token is routed to.")
+    num_experts: int | None = Field(None, gt=1, le=limits.MAX_EXPERTS, description="Routed experts of each MoE layer (None: dense).")
+    moe_router_topk: int = Field(2, gt=0, le=limits.MAX_EXPERTS, description="Experts each token is routed to.")
     moe_ffn_hidden_size: int | None = Field(
-        None, gt=0, description="Inner size of one routed expert; default ffn_hidden_size.")
+        None, gt=0, le=limits.MAX_FFN_HIDDEN_SIZE, description="Inner size of one routed expert; default ffn_hidden_size.")
     moe_shared_expert_intermediate_size: int | None = Field(
-        None, gt=0, description="Inner size of the shared experts every token also passes (None: none).")
+        None, gt=0, le=limits.MAX_FFN_HIDDEN_SIZE, description="Inner size of the shared experts every token also passes (None: none).")
     moe_layer_freq: int | tuple[int, ...] = Field(
         1, description="Which layers are MoE: every k-th (k), or one 0/1 per layer (Megatron's list form).")
     moe_expert_capacity_factor: float | None = Field(
-        None, gt=0, description="Tokens an expert takes, as a multiple of the balanced share; past it tokens are "
+        None, gt=0, le=limits.MAX_EXPERT_LOAD, description="Tokens an expert takes, as a multiple of the balanced share; past it tokens are "
                                 "dropped. None: dropless.")
     moe_load_imbalance: float = Field(
-        1.0, ge=1.0, description="Tokens of the busiest expert rank over the balanced share, to plan for (1 = "
+        1.0, ge=1.0, le=limits.MAX_EXPERT_LOAD, description="Tokens of the busiest expert rank over the balanced share, to plan for (1 = "
                                  "perfectly balanced; every output states it).")
 
     @model_validator(mode="after")
@@ -82,8 +82,9 @@ class ModelSpec(BaseModel):
             if len(freq) != self.num_layers or any(x not in (0, 1) for x in freq):
                 raise ValueError(f"moe_layer_freq lists {len(freq)} entries; give one 0 (dense) or 1 (MoE) for each "
                                  f"of the {self.num_layers} layers")
-        elif freq < 1:
-            raise ValueError(f"moe_layer_freq={freq} must be a positive layer interval or a 0/1 list per layer")
+        elif not 1 <= freq <= limits.MAX_LAYERS:
+            raise ValueError(f"moe_layer_freq={freq} must be a layer interval from 1 to {limits.MAX_LAYERS:,} or a "
+                             "0/1 list per layer")
         return self
 
     @model_validator(mode="after")

@@ -185,9 +185,9 @@ class ParallelPlan(BaseModel):
         description="Layers per stage when they do not divide evenly (sums to num_layers).",
     )
     decoder_first_pipeline_num_layers: int | None = Field(
-        None, gt=0, description="Transformer layers of the first stage; the others share the rest evenly.")
+        None, gt=0, le=limits.MAX_LAYERS, description="Transformer layers of the first stage; the others share the rest evenly.")
     decoder_last_pipeline_num_layers: int | None = Field(
-        None, gt=0, description="Transformer layers of the last stage.")
+        None, gt=0, le=limits.MAX_LAYERS, description="Transformer layers of the last stage.")
     account_for_embedding_in_pipeline_split: bool = Field(
         False, description="Count the input embedding as a layer of the first stage when splitting.")
     account_for_loss_in_pipeline_split: bool = Field(

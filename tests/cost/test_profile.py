@@ -86,6 +86,42 @@ def test_a_ramp_curve_out_of_order_is_a_profile_error(tmp_path, a100):
         _load_changed(tmp_path, a100, lambda d: d["collectives"]["nvlink"]["ramp_curve"].reverse())
 
 
+def _set(path: str, value):
+    def change(data):
+        *parents, last = path.split(".")
+        node = data
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        node[int(last) if isinstance(node, list) else last] = value
+    return change
+
+
+@pytest.mark.parametrize("path, value, phrase", [
+    # a range reaches past what its value may be: the band would move the value there
+    ("host.ranges.collective_s", [0.0, 1e308], "host.ranges.collective_s reaches 1e+308"),
+    ("host.ranges.op_s", [-1.0, 6e-5], "host.ranges.op_s reaches -1"),
+    ("gemm.ranges.k_half", [64.0, 1e20], "gemm.ranges.k_half reaches 1e+20"),
+    ("attention.ranges.seq_half", [-5.0, 274.0], "attention.ranges.seq_half reaches -5"),
+    ("ranges.overlap_compute_slowdown", [0.07, 1.5], "ranges.overlap_compute_slowdown reaches 1.5"),
+    ("collectives.nvlink.ranges.p2p_bandwidth_gbps", [0.0, 264.0], "p2p_bandwidth_gbps reaches 0"),
+    # a range that leaves its value out
+    ("gemm.ranges.k_half", [200.0, 256.0], "gemm.k_half=128.0 lies outside its range"),
+    # a value the range no longer limits is bounded itself
+    ("host.collective_s", 1e308, "host.collective_s"),
+    # a fit point is a measurement: finite, a bandwidth or a time positive
+    ("elementwise.fits.0.points.0.0", -3000.0, "achieved_gbps=-3000"),
+    ("collectives.nvlink.fits.0.points.0.0", 1e308, "size_bytes=1e+308"),
+    ("collectives.nvlink.fits.0.points.0.1", 0.0, "time_s=0"),
+    ("attention.fits.0.points.0.5", -1e-3, "time_s=-0.001"),
+    ("gemm.fits.0.points.0.0", -1024.0, "m=-1024"),
+])
+def test_a_profiles_ranges_and_fit_points_are_checked_like_its_values(tmp_path, a100, path, value, phrase):
+    with pytest.raises(ProfileError) as refused:
+        _load_changed(tmp_path, a100, _set(path, value))
+    message = str(refused.value)
+    assert phrase in message and "\n" not in message, message
+
+
 def test_unknown_name_is_a_profile_error():
     with pytest.raises(ProfileError, match="unknown profile 'v100-published'"):
         load_profile("v100-published")

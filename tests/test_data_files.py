@@ -1,0 +1,79 @@
+"""Every data file the repository ships is read by the reader of its kind, as strictly as a user's file.
+
+A file no reader below claims fails ``test_every_data_file_has_a_reader``: a new kind of file needs its
+reader named here, so a rule the readers gain (strict types, bounds) is checked on every shipped file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from calibration.build_published_profiles import _host, _measured
+from simulator.cost.profile import load_profile
+from simulator.measure.calibrate import read_raw
+from simulator.measure.datasets import REGISTRY, _vtrain_rows, vtrain_job
+from simulator.measure.run_record import load_run_record
+from simulator.spec._io import parse_json, read_text
+from simulator.spec.catalog import load_model
+from simulator.spec.hardware import cluster_names, gpu_names, load_cluster, load_gpu
+
+REPO = Path(__file__).resolve().parent.parent
+FOLDERS = ("hardware_specs", "calibration/profiles", "calibration/published", "calibration/reference", "examples",
+           "reports/cpu-validation")
+DATA_SUFFIXES = {".yaml", ".yml", ".json", ".csv"}
+
+
+def _data_set(key: str) -> Callable[[Path], Any]:
+    """The file read as the data set that holds it (its runs, each a validated job)."""
+    def read(_: Path) -> Any:
+        runs = next(d for d in REGISTRY if d.key == key).runs()
+        assert runs, f"{key} has no runs"
+        return runs
+    return read
+
+
+# (glob under the repository, reader); each file is read by the first reader whose glob matches it
+READERS: list[tuple[str, Callable[[Path], Any]]] = [
+    ("hardware_specs/gpus/*.yaml", lambda p: load_gpu(str(p))),
+    ("hardware_specs/clusters/*.yaml", lambda p: load_cluster(str(p))),
+    ("calibration/profiles/*.json", load_profile),
+    ("calibration/reference/*.yaml", lambda p: load_model(str(p))),
+    ("calibration/published/hardware.json", lambda p: _measured()),
+    ("calibration/published/host_overhead_fit.json", lambda p: _host()),
+    ("calibration/published/korthikanti2022.json", _data_set("korthikanti2022")),
+    # building the jobs of all 1,440 rows takes seconds: every row, and the jobs of the first few
+    ("calibration/published/vtrain-single-node/*.csv", lambda p: [vtrain_job(*row[:10]) for row in _vtrain_rows()[:3]]),
+    ("reports/cpu-validation/run-*.json", lambda p: (load_run_record(p), _data_set("cpu-reference-loop")(p))),
+    ("reports/cpu-validation/*-raw.json", read_raw),
+    ("reports/cpu-validation/cpu-profile*.json", load_profile),
+    ("reports/cpu-validation/summary.json", lambda p: parse_json(read_text(p, "summary"), str(p))),
+]
+
+
+def _data_files() -> list[Path]:
+    return sorted(p for folder in FOLDERS for p in (REPO / folder).rglob("*")
+                  if p.is_file() and p.suffix in DATA_SUFFIXES)
+
+
+def _reader(path: Path) -> Callable[[Path], Any] | None:
+    rel = path.relative_to(REPO)
+    return next((read for pattern, read in READERS if rel.match(pattern)), None)
+
+
+def test_every_data_file_has_a_reader():
+    files = _data_files()
+    assert len(files) > 20
+    assert [str(p.relative_to(REPO)) for p in files if _reader(p) is None] == []
+
+
+@pytest.mark.parametrize("path", _data_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_data_file_reads(path):
+    assert _reader(path)(path) is not None
+
+
+def test_every_preset_loads_by_name():
+    assert all(load_gpu(name).name == name for name in gpu_names())
+    assert all(load_cluster(name).name for name in cluster_names())
