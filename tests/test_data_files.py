@@ -46,11 +46,28 @@ READERS: list[tuple[str, Callable[[Path], Any]]] = [
     ("calibration/published/korthikanti2022.json", _data_set("korthikanti2022")),
     # building the jobs of all 1,440 rows takes seconds: every row, and the jobs of the first few
     ("calibration/published/vtrain-single-node/*.csv", lambda p: [vtrain_job(*row[:10]) for row in _vtrain_rows()[:3]]),
+    ("calibration/published/vtrain-multi-node-dev/*.csv", _data_set("vtrain-multi-node-dev")),
+    ("calibration/published/model_error_band.json", lambda p: _band_file()),
+    ("calibration/published/host_overhead_loso.json", lambda p: _host_left_out(p)),
     ("reports/cpu-validation/run-*.json", lambda p: (load_run_record(p), _data_set("cpu-reference-loop")(p))),
     ("reports/cpu-validation/*-raw.json", read_raw),
     ("reports/cpu-validation/cpu-profile*.json", load_profile),
     ("reports/cpu-validation/summary.json", lambda p: parse_json(read_text(p, "summary"), str(p))),
 ]
+
+
+def _band_file() -> Any:
+    from simulator.estimator.regime import band_table
+
+    table = band_table()
+    assert table["gpus"] and all(0 < g["half_width"] < 1 for g in table["gpus"].values())
+    return table
+
+
+def _host_left_out(path: Path) -> Any:
+    table = parse_json(read_text(path, "host fit table"), str(path))
+    assert {row["left_out"] for row in table["rows"]} <= {d.key for d in REGISTRY}
+    return table
 
 
 def _data_files() -> list[Path]:

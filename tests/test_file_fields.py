@@ -68,8 +68,7 @@ FILE_FIELDS: dict[str, list[tuple[str, tuple[str, ...], type, str]]] = {
 # Flags no file holds: what to do, not what was run.
 FLAG_ONLY = {"tokens", "top", "budget_s", "workers"}
 # A bound a file field does not carry yet (the flag's is the only one).
-NOT_YET = {("ddp_bucket_size", "high"): "ParallelPlan.ddp_bucket_size has no upper bound; --ddp-bucket-size's "
-                                        "2**40 is the only one"}
+NOT_YET: dict[tuple[str, str], str] = {}  # (flag parameter, side) -> why its file field does not share the bound yet
 
 
 def _commands() -> list[click.Command]:

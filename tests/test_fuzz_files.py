@@ -10,21 +10,14 @@ derandomised unless it is set).
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import sys
 from typing import Any
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-try:  # tests/test_fuzz.py reads its raw-points sample from the calibration tests under their former name
-    importlib.import_module("tests.test_calibrate")
-except ModuleNotFoundError:
-    sys.modules["tests.test_calibrate"] = importlib.import_module("tests.measure.test_calibrate")
 
 from simulator.spec.hardware import load_gpu  # noqa: E402
 from tests import fuzz_tally  # noqa: E402

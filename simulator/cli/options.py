@@ -207,7 +207,7 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
      dict(is_flag=True, default=False, help="Distributed optimizer: all-gather updated parameters during the next "
                                             "forward (needs --use-distributed-optimizer and --overlap-grad-reduce).")),
     (("--ddp-bucket-size", "ddp_bucket_size"),
-     dict(type=BoundedInt(1, 2**40), default=None, help="Parameters per gradient bucket. Default: max(40M, 1M x DP).")),
+     dict(type=BoundedInt(1, limits.MAX_DDP_BUCKET_SIZE), default=None, help="Parameters per gradient bucket. Default: max(40M, 1M x DP).")),
     (("--tp-comm-overlap", "tp_comm_overlap"),
      dict(is_flag=True, default=False, help="Pipeline SP's all-gathers and reduce-scatters with their GEMMs "
                                             "(Transformer Engine userbuffers; needs --sequence-parallel).")),

@@ -137,3 +137,7 @@ MAX_BUDGET_S = 7 * 86_400.0
 
 MAX_SEED = 2**63 - 1
 """`simulator reference --seed`: torch's generators take a 64-bit seed."""
+
+MAX_DDP_BUCKET_SIZE = 2**40
+"""Parameters of one gradient bucket (about 1.1e12): past every model the simulator accepts, so a bucket
+this size holds a whole model and nothing larger means anything; the flag and a plan file share it."""

@@ -171,7 +171,8 @@ class ParallelPlan(BaseModel):
         False, description="Distributed optimizer: all-gather the updated parameters bucket by bucket during the next "
                            "forward instead of after the optimizer step.")
     ddp_bucket_size: int | None = Field(
-        None, gt=0, description="Parameters per gradient bucket; None = Megatron's max(40M, 1M x DP).")
+        None, gt=0, le=limits.MAX_DDP_BUCKET_SIZE,
+        description="Parameters per gradient bucket; None = Megatron's max(40M, 1M x DP).")
     tp_comm_overlap: bool = Field(
         False, description="Pipeline SP's all-gathers and reduce-scatters with their GEMMs chunk by chunk "
                            "(Transformer Engine userbuffers, --tp-comm-overlap); needs sequence parallelism.")
