@@ -115,6 +115,9 @@ def check_pins(req, attention_backend: str | None = None, use_flash_attention: b
               help="Sequences per iteration.")
 @click.option("--tokens", type=TOKENS, default=None, help="Training tokens, for days (e.g. 300e9).")
 @click.option("--top", type=BoundedInt(1, limits.MAX_TOP), default=5, show_default=True, help="Plans to list.")
+@click.option("--rank-by", "rank_by", type=click.Choice(["upper", "point"]), default="upper", show_default=True,
+              help="Order plans by the slow end of their band (the plan most likely to deliver: a plan outside every "
+                   "measured regime, or faster than any measured run, pays for it) or by the predicted time alone.")
 @click.option("--tensor-model-parallel-size", "--tp", "tp", type=PARALLEL_SIZE, default=None, help="Pin TP.")
 @click.option("--pipeline-model-parallel-size", "--pp", "pp", type=PARALLEL_SIZE, default=None, help="Pin PP.")
 @click.option("--virtual-pipeline-model-parallel-size", "--vpp", "vpp", type=VIRTUAL_STAGES, default=None,
@@ -164,7 +167,8 @@ def check_pins(req, attention_backend: str | None = None, use_flash_attention: b
 def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, cp, fp8, sp,
                    recompute, dopt,
                    precision, backend, flash, overlap, profile_path, pareto_path, trace_path, as_json, all_plans=False,
-                   csv_path=None, plots_dir=None, html_path=None, ep=None, etp=None, moe_load_imbalance=None):
+                   csv_path=None, plots_dir=None, html_path=None, ep=None, etp=None, moe_load_imbalance=None,
+                   rank_by="upper"):
     """Search every valid plan (TP, PP, virtual stages, micro-batch, SP, recompute, distributed optimizer)
     for the fastest that fits in GPU memory. For mixture-of-experts models MFU and days count the active
     parameters (the experts a token is routed to), not every expert."""
@@ -186,7 +190,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
                   use_distributed_optimizer=dopt, context_parallel_size=cp,
                   expert_model_parallel_size=ep, expert_tensor_parallel_size=etp),
         fp8_format=fp8, precision=precision, use_flash_attention=flash or backend not in ("unfused", "local"),
-        overlap_grad_reduce=overlap,
+        overlap_grad_reduce=overlap, rank_by=rank_by,
     ), "search")
     check_pins(req, backend, flash)
     profile = load_profile(profile_path) if profile_path else None
@@ -240,8 +244,11 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
         doc = {
             "plans": [{**plan_json(Job.model_construct(model=req.model, cluster=req.cluster, plan=r.plan), r.estimate),
                        "rank": r.rank, "screen_time_s": r.screen_time_s, "within_band_of_best": r.within_band_of_best,
-                       "iteration_time_s_low": r.iteration_time_s_low, "iteration_time_s_high": r.iteration_time_s_high}
+                       "iteration_time_s_low": r.iteration_time_s_low, "iteration_time_s_high": r.iteration_time_s_high,
+                       "validation_regime": r.validation_regime,
+                       "outside_regime_reasons": list(r.outside_regime_reasons), "rank_key_s": r.rank_key_s}
                       for r in result.plans],
+            "rank_by": req.rank_by.value,
             "enumerated": result.enumerated, "pruned_memory": result.pruned_memory,
             "screened": len(result.screened), "simulated": result.simulated, "elapsed_s": result.elapsed_s,
             **launch_json(job),
@@ -284,6 +291,14 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     outside = [r for r in result.plans if r.estimate.outside_validated_range]
     if outside:
         click.echo(f"! {outside[0].estimate.validation_note}")
+    click.echo("ranked by " + ("the slow end of each plan's band (--rank-by point: by the time alone)"
+                               if req.rank_by.value == "upper" else "the predicted time (--rank-by upper: by the band's "
+                                                                    "slow end)"))
+    if best.validation_regime is not None:
+        click.echo(f"the best plan lies in a measured regime: {best.validation_regime}")
+    else:
+        click.echo("the best plan lies outside every measured regime, so its band is widened: "
+                   + "; ".join(best.outside_regime_reasons))
     click.echo(render_launch_text(job).replace("Megatron-LM launch:", "Megatron-LM launch for the best plan:"))
     if all_plans:
         click.echo(f"\nEvery plan that fits ({len(rows)}), by closed-form screen time:")

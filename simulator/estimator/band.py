@@ -90,6 +90,18 @@ def corners_by(base_profile: HardwareProfile, change: Callable[[str, float], flo
     return Corners(fast, slow, moving[:top])
 
 
+def widened(job: Job, iteration_time_s: float, mfu: float, low: float, high: float) -> tuple[float, float, Regime]:
+    """``low`` and ``high`` widened, where the model's measured error in the plan's regime reaches further, and
+    the slow end held no faster than the best measured MFU on the plan's GPU; with the regime."""
+    t = iteration_time_s
+    regime = regime_of(job, mfu)
+    low = min(low, t * (1 - regime.half_width), t)
+    high = max(high, t * (1 + regime.half_width), t)
+    if regime.mfu_ceiling is not None and mfu > regime.mfu_ceiling:
+        high = max(high, t * mfu / regime.mfu_ceiling)  # no faster than the best measured run on this GPU
+    return low, high, regime
+
+
 def band(job: Job, profile=None, iteration_time_s: float | None = None, mfu: float | None = None) -> Band:
     """The wider, on each side, of the model's error in the plan's regime and the iteration time at the two
     corners of the unpinned constants (played by the engine); never narrower than the answer. ``mfu``: the
@@ -99,13 +111,10 @@ def band(job: Job, profile=None, iteration_time_s: float | None = None, mfu: flo
     c = corners(job, profile)
     if iteration_time_s is None or mfu is None:
         est = estimate(job, profile)
-        iteration_time_s, mfu = est.iteration_time_s, est.mfu
-    t = iteration_time_s
-    regime = regime_of(job, mfu)
-    low = min(estimate(job, c.fast).iteration_time_s, t * (1 - regime.half_width), t)
-    high = max(estimate(job, c.slow).iteration_time_s, t * (1 + regime.half_width), t)
-    if regime.mfu_ceiling is not None and mfu > regime.mfu_ceiling:
-        high = max(high, t * mfu / regime.mfu_ceiling)  # no faster than the best measured run on this GPU
+        iteration_time_s = est.iteration_time_s if iteration_time_s is None else iteration_time_s
+        mfu = est.mfu if mfu is None else mfu
+    low, high, regime = widened(job, iteration_time_s, mfu, estimate(job, c.fast).iteration_time_s,
+                                estimate(job, c.slow).iteration_time_s)
     return Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=c.drivers, regime=regime)
 
 
@@ -118,7 +127,11 @@ def estimate_with_band(job: Job, profile=None, tokens: float | None = None):
 
 def with_band(job: Job, est, profile=None):
     """``est`` (an ``Estimate`` of ``job``) with its band filled in."""
-    b = band(job, profile, est.iteration_time_s, est.mfu)
+    return banded(est, band(job, profile, est.iteration_time_s, est.mfu))
+
+
+def banded(est, b: Band):
+    """``est`` with the band ``b`` written into its band fields (days scaled as the time)."""
     scale = (est.training_days / est.iteration_time_s) if est.training_days is not None else None
     return est.model_copy(update={
         "iteration_time_s_low": b.iteration_time_s_low,

@@ -82,3 +82,10 @@ def regime_of(job: Job, mfu: float | None = None) -> Regime:
                       mfu_ceiling=gpu["max_measured_mfu"])
     return Regime(name=f"{job.cluster.gpu.name}: {', '.join(sorted(gpu['sets']))}", half_width=gpu["half_width"],
                   outside=(), mfu_ceiling=gpu["max_measured_mfu"])
+
+
+def narrowest_half_width(gpu_name: str) -> float:
+    """The smallest half-width any plan on ``gpu_name`` can get (the search's bound on a plan not yet played)."""
+    table = band_table()
+    gpu = table["gpus"].get(gpu_name)
+    return gpu["half_width"] if gpu is not None else max(g["half_width"] for g in table["gpus"].values()) * OUTSIDE_WIDENING

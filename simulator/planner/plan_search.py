@@ -9,7 +9,9 @@ Three tiers, cheapest first, as NeMo's hyper-parameter tool narrows its grid:
    closed form over the same per-step durations the engine plays (``fast_iteration_time_s``); the
    parts of both that many candidates share are computed once (``simulator.planner.memo``), and a
    candidate becomes a pydantic plan only once it fits;
-3. simulate the finalists with the discrete-event engine and rank them by its iteration time.
+3. simulate the finalists with the discrete-event engine and rank them: by default by the slow end of
+   their band (``SearchRequest.rank_by``), so that a plan outside every regime the measured runs cover,
+   or faster than any of them ran, pays for what nothing vouches for; or by the iteration time alone.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ from typing import Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simulator.estimator.band import corners_by
+from simulator.estimator.band import Band, banded, corners_by, widened
 from simulator.estimator.prediction import Estimate, simulate_job
+from simulator.estimator.regime import narrowest_half_width, regime_of
 from simulator.planner.memo import SearchMemo, peak_bytes
 from simulator.planner.space import (
     CP_MIN_TOKENS_PER_RANK,
     CP_SIZES,
     MICRO_BATCH_SIZES,
     Candidate,
+    RankBy,
     SearchPins,
     SearchRequest,
     candidates,
@@ -61,6 +65,11 @@ class RankedPlan(BaseModel):
     within_band_of_best: bool = Field(
         False, description="Its lead (or the best plan's) flips at a corner of the band: the profile cannot tell "
                            "the two apart.")
+    validation_regime: str | None = Field(
+        None, description="The measured regime the plan lies in (GPU kind and the sets measured on it); None outside.")
+    outside_regime_reasons: tuple[str, ...] = Field((), description="Why the plan lies outside every measured regime.")
+    rank_key_s: float | None = Field(
+        None, description="What the plan was ranked by: the band's slow end (rank_by upper) or its iteration time.")
 
 
 class ScreenedPlan(BaseModel):
@@ -153,22 +162,36 @@ def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: lis
             memos[key] = SearchMemo(req, template, p)
         return memos[key].screen_s(layout, cand.plan)
 
-    best = None
     rows = []
     for est, cand, layout in ranked:
         t, base = est.iteration_time_s, cand.screen_time_s
         own = corners_by(base_profile, lambda path, end: screen_at(base_profile.with_value(path, end), cand, layout)
                          / base - 1)
-        if best is None:
-            best = own
         fast, slow = (t * screen_at(c, cand, layout) / base for c in (own.fast, own.slow))
-        at_best = (t * screen_at(best.fast, cand, layout) / base, t * screen_at(best.slow, cand, layout) / base)
-        rows.append((est, cand, min(t, fast, slow), max(t, fast, slow), at_best))
-    best_at_best = rows[0][4]
-    return [RankedPlan(rank=i + 1, plan=cand.plan, estimate=est, screen_time_s=cand.screen_time_s,
-                       iteration_time_s_low=low, iteration_time_s_high=high,
-                       within_band_of_best=i > 0 and (at_best[0] <= best_at_best[0] or at_best[1] <= best_at_best[1]))
-            for i, (est, cand, low, high, at_best) in enumerate(rows)]
+        job = Job.model_construct(model=req.model, cluster=req.cluster, plan=cand.plan)
+        low, high, regime = widened(job, t, est.mfu, min(t, fast, slow), max(t, fast, slow))
+        b = Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=own.drivers, regime=regime)
+        rows.append((high if req.rank_by is RankBy.upper else t, banded(est, b), cand, layout, own))
+    rows.sort(key=lambda r: (r[0], r[1].iteration_time_s))  # stable: ties keep the engine's order
+    best = rows[0][4]
+
+    def at_best(row) -> tuple[float, float]:
+        est, cand, layout = row[1], row[2], row[3]
+        scale = est.iteration_time_s / cand.screen_time_s
+        return scale * screen_at(best.fast, cand, layout), scale * screen_at(best.slow, cand, layout)
+
+    best_low, best_high = at_best(rows[0])
+    out = []
+    for i, row in enumerate(rows):
+        key, est, cand = row[0], row[1], row[2]
+        low, high = at_best(row) if i else (best_low, best_high)
+        out.append(RankedPlan(rank=i + 1, plan=cand.plan, estimate=est, screen_time_s=cand.screen_time_s,
+                              iteration_time_s_low=est.iteration_time_s_low,
+                              iteration_time_s_high=est.iteration_time_s_high,
+                              within_band_of_best=i > 0 and (low <= best_low or high <= best_high),
+                              validation_regime=est.validation_regime,
+                              outside_regime_reasons=est.outside_regime_reasons, rank_key_s=key))
+    return out
 
 
 def search(req: SearchRequest, profile=None, tokens: float | None = None, top: int = 10,
@@ -238,16 +261,28 @@ def _search(req: SearchRequest, profile, tokens: float | None, top: int,
     order = sorted(range(len(screened)), key=lambda i: screened[i].screen_time_s)  # stable: ties keep their order
     screened, layouts = [screened[i] for i in order], [layouts[i] for i in order]
     n = max(req.finalists, top)
-    ranked = []
-    for i, (cand, layout) in enumerate(zip(screened[:n], layouts[:n])):
-        if len(ranked) >= top and cand.screen_time_s > ranked[top - 1][0].iteration_time_s * (1 + SCREEN_MARGIN):
-            break  # the screen is within SCREEN_MARGIN of the engine, so no later plan can enter the top
+    ranked, simulated = [], 0  # ranked: (rank key, estimate, screened plan, layout), best first
+    narrowest = narrowest_half_width(req.cluster.gpu.name) if req.rank_by is RankBy.upper else 0.0
+    for cand, layout in zip(screened, layouts):
+        if simulated >= n:
+            break
+        floor = cand.screen_time_s / (1 + SCREEN_MARGIN)  # the screen is within SCREEN_MARGIN of the engine
+        if len(ranked) >= top and floor * (1 + narrowest) > ranked[top - 1][0]:
+            break  # no later plan can enter the top, whatever its regime
         job = Job(model=req.model, cluster=req.cluster, plan=cand.plan)
-        ranked.append((simulate_job(job, profile, tokens).estimate, cand, layout))
-        ranked.sort(key=lambda r: r[0].iteration_time_s)
+        if req.rank_by is RankBy.upper and len(ranked) >= top and \
+                floor * (1 + regime_of(job).half_width) > ranked[top - 1][0]:
+            continue  # its regime's band alone keeps it out of the top
+        est = simulate_job(job, profile, tokens).estimate
+        simulated += 1
+        key = (widened(job, est.iteration_time_s, est.mfu, est.iteration_time_s, est.iteration_time_s)[1]
+               if req.rank_by is RankBy.upper else est.iteration_time_s)
+        ranked.append((key, est, cand, layout))
+        ranked.sort(key=lambda r: (r[0], r[1].iteration_time_s))
         if progress is not None:
-            progress("simulating", i + 1, min(n, len(screened)))
+            progress("simulating", simulated, min(n, len(screened)))
+    ranked = [(est, cand, layout) for _, est, cand, layout in ranked]
     plans = _with_bands(req, profile, template, ranked[:top])
     return SearchResult(plans=plans, screened=screened, enumerated=enumerated,
-                        pruned_memory=enumerated - len(screened), simulated=len(ranked),
+                        pruned_memory=enumerated - len(screened), simulated=simulated,
                         elapsed_s=time.perf_counter() - started)

@@ -9,6 +9,7 @@ prune, a fraction of them.
 
 from __future__ import annotations
 
+from enum import Enum
 from functools import lru_cache
 from typing import Iterator, NamedTuple
 
@@ -63,6 +64,13 @@ class SearchPins(BaseModel):
         None, gt=0, le=MAX_GPUS, description="Mixture of experts: ETP, ranks each expert is split over.")
 
 
+class RankBy(str, Enum):
+    """What the search orders its plans by."""
+
+    upper = "upper"  # the band's slow end: the plan most likely to deliver, measured error and regime counted
+    point = "point"  # the predicted iteration time alone
+
+
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -77,6 +85,9 @@ class SearchRequest(BaseModel):
     overlap_grad_reduce: bool = False
     fp8_format: Fp8Format | None = Field(None, description="Every plan's linear layers in FP8 (Hopper).")
     finalists: int = Field(16, gt=0, description="Plans the engine simulates after the closed-form screen.")
+    rank_by: RankBy = Field(RankBy.upper, description="Order plans by the band's slow end (upper: a plan outside "
+                                                      "every measured regime, or above the best measured MFU, pays "
+                                                      "for it) or by the predicted time alone (point).")
 
 
 class Candidate(NamedTuple):

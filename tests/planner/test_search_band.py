@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.estimator.band import band, corners
+from simulator.estimator.band import band, corners, widened
 from simulator.planner.plan_search import SCREEN_MARGIN, SearchPins, SearchRequest, search
 from simulator.spec.catalog import PRESETS
 from simulator.spec.hardware import load_cluster
@@ -63,4 +63,34 @@ def test_each_plans_band_is_timed_at_its_own_corners(searched):
         c, t, base = corners(job), p.estimate.iteration_time_s, p.screen_time_s
         assert base == screen(job)
         at = [t * screen(job, corner) / base for corner in (c.fast, c.slow)]
-        assert (p.iteration_time_s_low, p.iteration_time_s_high) == (min(t, *at), max(t, *at)), p.rank
+        low, high, regime = widened(job, t, p.estimate.mfu, min(t, *at), max(t, *at))
+        assert (p.iteration_time_s_low, p.iteration_time_s_high) == (low, high), p.rank
+        assert p.validation_regime == regime.name and p.outside_regime_reasons == regime.outside
+
+
+def test_the_search_ranks_by_the_slow_end_of_the_band_by_default(searched):
+    req, result = searched
+    assert req.rank_by.value == "upper"
+    keys = [p.rank_key_s for p in result.plans]
+    assert keys == sorted(keys) and keys == [p.iteration_time_s_high for p in result.plans]
+
+
+def test_ranking_by_the_point_orders_by_the_iteration_time(searched):
+    req, _ = searched
+    result = search(req.model_copy(update={"rank_by": "point"}), top=5)
+    times = [p.estimate.iteration_time_s for p in result.plans]
+    assert times == sorted(times) and [p.rank_key_s for p in result.plans] == times
+
+
+def test_a_validated_plan_outranks_a_faster_one_no_measured_run_covers():
+    """Ranked by the band's slow end, a plan outside every measured regime (here: the distributed optimizer,
+    which no measured A100 run used) loses to one inside a regime unless it is faster by more than the
+    difference of their bands."""
+    base = SearchRequest(model=PRESETS["gpt3-2.7b"], cluster=A100, num_gpus=16, global_batch_size=64,
+                         pins=SearchPins(tensor_parallel_size=2, pipeline_parallel_size=1, micro_batch_size=2,
+                                         recompute_granularity="none", sequence_parallel=True))
+    point = search(base.model_copy(update={"rank_by": "point"}), top=2)
+    upper = search(base, top=2)
+    assert point.best.plan.use_distributed_optimizer and point.best.validation_regime is None
+    assert not upper.best.plan.use_distributed_optimizer and upper.best.validation_regime is not None
+    assert upper.best.estimate.iteration_time_s >= point.best.estimate.iteration_time_s
