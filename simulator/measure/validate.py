@@ -144,7 +144,7 @@ def _time_predictions(job: Job, record: RunRecord, profile: Any) -> tuple[_Predi
     """The engine's iteration, its phases per stage and the per-layer times, or None with the reason."""
     try:
         from simulator.estimator.prediction import simulate_job
-        from simulator.schedule.stage_work import build_work, sequence_parallel_grad_bytes
+        from simulator.schedule.stage_work import build_work, embedding_group, sequence_parallel_grad_bytes
         from simulator.schedule.timing import cost_model_for, layer_times
     except ImportError as exc:
         return None, [f"no time predictions: the engine is not available ({exc})"]
@@ -168,7 +168,7 @@ def _time_predictions(job: Job, record: RunRecord, profile: Any) -> tuple[_Predi
         embedding = 0.0
         if tied and s in (0, p - 1):
             embedding = cost.collective_time_s(CollectiveKind.all_reduce, embedding_bytes,
-                                               Group(size=2, stride=t * plan.data_parallel_size * (p - 1)))
+                                               embedding_group(job))
         after_backward = r.grads_ready_s - r.last_backward_end_s
         phases.append({
             "forward-compute": m * sum(sw.forward_s), "backward-compute": m * sum(sw.backward_s),

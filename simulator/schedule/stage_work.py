@@ -290,6 +290,12 @@ def sequence_parallel_grad_bytes(job: Job, stage: int) -> int:
     return params * plan.grad_bytes
 
 
+
+def embedding_group(job: Job) -> Group:
+    """The pairs of first- and last-stage ranks that all-reduce the tied embeddings' gradients."""
+    shape = RankLayout.of(job).embedding_group()
+    return Group(shape.size, shape.stride)
+
 def stage_communication(job: Job, cost, s: int) -> StageCommunication:
     plan = job.plan
     p, v = plan.pipeline_parallel_size, plan.virtual_pipeline_stages
@@ -327,7 +333,7 @@ def stage_communication(job: Job, cost, s: int) -> StageCommunication:
         if tied and ((s == 0 and c == 0) or (s == p - 1 and c == v - 1)):
             embedding_grad_bytes = job.model.vocab_size * job.model.hidden_size // plan.tensor_parallel_size
             r += cost.collective_time_s(CollectiveKind.all_reduce, embedding_grad_bytes * plan.grad_bytes,
-                                        Group(size=2, stride=plan.num_gpus // p * (p - 1)))
+                                        embedding_group(job))
         if c == 0:  # after the stage's last backward (chunk 0's), with the data-parallel step
             r += cost.collective_time_s(CollectiveKind.all_reduce, sequence_parallel_grad_bytes(job, s),
                                         Group(size=plan.tensor_parallel_size, stride=1))

@@ -109,6 +109,17 @@ class RankLayout:
         block = self.world // self.pp
         return range(stage * block, (stage + 1) * block)
 
+    def embedding_group(self) -> GroupShape:
+        """Megatron's embedding group: each rank of the first stage with its peer on the last, which
+        all-reduce the tied word embeddings' gradients. Only those two stages' ranks form such pairs,
+        not every offset the stride spans; where the whole job sits in one node, where any disjoint
+        pairs cost the same through the switch, the pairs are costed one stage apart so that the
+        group's image stays inside the node as the real pairs do."""
+        block = self.world // self.pp
+        if self.world <= self.gpus_per_node:
+            return GroupShape(2, block)
+        return GroupShape(2, block * (self.pp - 1))
+
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
 

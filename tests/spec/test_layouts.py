@@ -113,3 +113,16 @@ def test_the_search_space_holds_uneven_splits_and_context_parallelism_for_405b()
     assert any(p.context_parallel_size > 1 for p in plans)
     for plan in plans[::50]:  # each candidate passes every rule when validated in full
         Job(model=req.model, cluster=req.cluster, plan=ParallelPlan.model_validate(plan.model_dump()))
+
+
+@pytest.mark.parametrize("tp, dp, pp, gpn", [(1, 2, 4, 8), (2, 1, 4, 8), (1, 1, 8, 8), (2, 2, 2, 8), (8, 4, 4, 8),
+                                              (2, 8, 4, 8), (1, 16, 2, 8)])
+def test_the_embedding_group_pairs_the_first_stage_with_the_last_and_stays_where_they_are(tp, dp, pp, gpn):
+    layout = RankLayout(tp=tp, cp=1, dp=dp, pp=pp, gpus_per_node=gpn)
+    shape = layout.embedding_group()
+    first, last = layout.stage_ranks(0), layout.stage_ranks(pp - 1)
+    real = {(a, b) for a, b in zip(first, last)}
+    if layout.world <= gpn:  # one node: the costed pairs stay inside it, as the real pairs do
+        assert shape.size * shape.stride <= gpn
+    else:  # the costed group is the real pairs, rank for rank
+        assert shape.size == 2 and {(a, a + shape.stride) for a in first} == real
