@@ -1,5 +1,6 @@
 # Entry points: `make demo` runs the main job (the GPT-3 175B / 1,024 A100 plan and its report),
-# `make test` the test suite (a few hundred fuzz cases included), `make fuzz` 20,000 fuzz cases.
+# `make test` the test suite (a few hundred fuzz cases included) but for the tests marked slow, which
+# `make test-slow` runs (`.ci/run` runs both), `make fuzz` 20,000 fuzz cases.
 # Each creates (once) a virtual environment with the package installed in editable mode, at the
 # versions of constraints.txt; the stamp file reinstalls it when setup.cfg, pyproject.toml or
 # constraints.txt change.
@@ -10,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 FUZZ_CASES ?= 20000
 
-.PHONY: demo test fuzz clean chromium
+.PHONY: demo test test-slow fuzz clean chromium
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +25,11 @@ demo: $(STAMP)
 	$(BIN)/simulator report --out out/report
 
 test: $(STAMP) chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# the tests that run the reference loop, the whole report or a whole measuring session for real
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 # The HTML report's test renders the page in headless Chromium. Install Debian's package where we
 # can (root with apt-get); anywhere else, or if the install fails, that one test is skipped.

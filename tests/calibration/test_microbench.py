@@ -229,6 +229,7 @@ def test_measure_entry_point_on_cpu(tmp_path):
     assert {p["impl"] for p in raw["attention"]} == {"fused", "unfused"}
 
 
+@pytest.mark.slow  # the whole GPU session script, dry, on this CPU (about a minute)
 @pytest.mark.skipif(not Path("/bin/bash").exists(), reason="needs bash")
 def test_gpu_session_script_dry_run_on_the_cpu(tmp_path):
     """The GPU session's steps on the CPU with a tiny model: measure for the model's shapes, the three

@@ -23,6 +23,10 @@ from simulator.spec.hardware import load_cluster
 from simulator.spec.model import ModelSpec
 from simulator.spec.plan import Job, ParallelPlan, RecomputeGranularity
 
+# every layout of the reference loop runs for real on gloo processes (over a minute and a half on 2
+# cores): `make test-slow` runs it
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 1e-5  # fp32, a few steps: only the order of the TP/DP sums differs
 ITERATIONS = 3
 

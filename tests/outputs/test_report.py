@@ -13,6 +13,9 @@ from simulator.outputs.report import README_ORDER, generate, steps
 from simulator.outputs.report_cache import ReportCache
 from tests.close import assert_close
 
+# the whole report is generated once for the module (over a minute on 2 cores): `make test-slow` runs it
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = ("pareto_gpt3_175b", "time_breakdown_top_plans", "tp_pp_heatmap", "parity", "memory_breakdown",
            "memory_vs_micro_batch", "stage_memory", "pipeline_timeline", "pipeline_timeline_zoom", "days_vs_gpus",
