@@ -23,13 +23,15 @@ INLINE = "megatron_inline"  # the hidden option that carries Megatron flags type
 _OWN = frozenset({"model", "cluster", "gpus", "as_json", "allow_tp_across_nodes", "moe_load_imbalance"})
 
 
-def _option_arity(command: click.Command) -> dict[str, bool]:
-    """Every option name of the command -> whether it takes a value."""
+def _option_arity(command: click.Command) -> dict[str, bool | str]:
+    """Every option name of the command -> whether it takes a value (or 'optional')."""
     out = {}
     for param in command.params:
         if isinstance(param, click.Option):
             for name in (*param.opts, *param.secondary_opts):
-                out[name] = not (param.is_flag or param.count)
+                # an option whose value may be left out (--launch [bridge]) takes one only if one follows
+                out[name] = "optional" if getattr(param, "_flag_needs_value", False) else not (
+                    param.is_flag or param.count)
     return out
 
 
@@ -50,7 +52,8 @@ class MegatronAwareCommand(click.Command):
             takes_value = arity.get(name)
             if takes_value is not None and name not in FLAGS:
                 own.append(word)
-                if takes_value and "=" not in word and i + 1 < len(args):
+                if (takes_value and "=" not in word and i + 1 < len(args)
+                        and not (takes_value == "optional" and args[i + 1].startswith("-"))):
                     own.append(args[i + 1])
                     i += 1
             else:
@@ -90,7 +93,7 @@ def job_from_megatron(ctx: click.Context, kwargs: dict[str, Any]):
     text = inline if inline is not None else read_text(path, lambda: click.get_text_stream("stdin").read())
     launch = parse_launch(text, cluster.gpus_per_node)
     base = load_model(kwargs.get("model", "gpt3-175b"))
-    model, options, notes = resolve(launch, base, kwargs.get("gpus"))
+    model, options, notes = resolve(launch, base, kwargs.get("gpus"), kwargs.get("nnodes"))
     if ctx.get_parameter_source("model") is not click.core.ParameterSource.COMMANDLINE and model:
         model["name"] = "megatron-flags" if path in (None, "-") else _stem(path)
     split = options.pop("pipeline_layer_split", None)

@@ -214,6 +214,30 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--accumulate-allreduce-grads-in-fp32", "accumulate_allreduce_grads_in_fp32"),
      dict(is_flag=True, default=None, help="Accumulate and reduce gradients in fp32 (forced under bf16; "
                                            "fp16 default: 2-byte gradients).")),
+    (("--grad-reduce-in-bf16", "grad_reduce_in_bf16"),
+     dict(is_flag=True, default=False, help="bf16: keep the gradient buffer and its reduction in bf16 (2 bytes a "
+                                            "parameter instead of 4).")),
+    (("--use-precision-aware-optimizer", "use_precision_aware_optimizer"),
+     dict(is_flag=True, default=False, help="Keep master weights and Adam moments in the dtypes below "
+                                            "(Transformer Engine's FusedAdam; needs --use-distributed-optimizer).")),
+    (("--main-grads-dtype", "main_grads_dtype"),
+     dict(type=click.Choice(["fp32", "bf16"]), default=None, help="Precision-aware optimizer: the gradient buffer's "
+                                                                 "dtype [default: fp32].")),
+    (("--main-params-dtype", "main_params_dtype"),
+     dict(type=click.Choice(["fp32", "fp16"]), default=None, help="Precision-aware optimizer: the master weights' "
+                                                                 "dtype [default: fp32].")),
+    (("--exp-avg-dtype", "exp_avg_dtype"),
+     dict(type=click.Choice(["fp32", "fp16", "bf16", "fp8"]), default=None,
+          help="Precision-aware optimizer: Adam's first moment [default: fp32].")),
+    (("--exp-avg-sq-dtype", "exp_avg_sq_dtype"),
+     dict(type=click.Choice(["fp32", "fp16", "bf16", "fp8"]), default=None,
+          help="Precision-aware optimizer: Adam's second moment [default: fp32].")),
+    (("--store-param-remainders/--no-store-param-remainders", "store_param_remainders"),
+     dict(default=True, show_default=True, help="Precision-aware optimizer, bf16 with fp32 master weights: keep "
+                                                "only the 16 bits each bf16 weight lacks (2 bytes, not 4).")),
+    (("--fp8-param-gather", "fp8_param_gather"),
+     dict(is_flag=True, default=False, help="FP8: keep the linear layers' weights in FP8 and all-gather them so "
+                                            "(needs --fp8-format and --use-distributed-optimizer).")),
     (("--allow-tp-across-nodes", "allow_tp_across_nodes"),
      dict(is_flag=True, default=False, help="Accept tensor parallelism wider than a node (slow: TP over the network).")),
     (("--overlap-p2p-communication/--no-overlap-p2p-communication", "overlap_p2p_comm"),
@@ -312,6 +336,11 @@ def plan_fields(o: dict[str, Any], dp: int) -> dict[str, Any]:
         "precision": o.get("precision", "bf16"),
         "accumulate_allreduce_grads_in_fp32": o.get("accumulate_allreduce_grads_in_fp32"),
         "fp8_format": o.get("fp8_format"),
+        "grad_reduce_in_bf16": o.get("grad_reduce_in_bf16", False),
+        "use_precision_aware_optimizer": o.get("use_precision_aware_optimizer", False),
+        **{k: o[k] for k in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype") if o.get(k)},
+        "store_param_remainders": o.get("store_param_remainders", True),
+        "fp8_param_gather": o.get("fp8_param_gather", False),
         **({"attention_backend": o["attention_backend"]} if o.get("attention_backend") else {}),
         **({"use_flash_attention": True} if o.get("use_flash_attention") else {}),
         "overlap_grad_reduce": o.get("overlap_grad_reduce", False),

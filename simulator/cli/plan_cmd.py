@@ -8,7 +8,16 @@ from pathlib import Path
 import click
 
 from simulator.cli.megatron_input import MegatronAwareCommand, job_from_megatron, megatron_options
-from simulator.cli.options import TOKENS, OutputFile, job_from_options, plan_options, require_fit, require_fit_option
+from simulator.cli.options import (
+    TOKENS,
+    BoundedInt,
+    OutputFile,
+    job_from_options,
+    plan_options,
+    require_fit,
+    require_fit_option,
+)
+from simulator.spec import limits
 from simulator.spec.units import format_gib
 
 EXAMPLES = """
@@ -63,6 +72,7 @@ def experts_line(model, plan=None) -> str:
 def launch_json(job) -> dict:
     """The keys that say how to run the job: Megatron flags, environment and notes, the NeMo fragment and
     megatron-core's TransformerConfig / DistributedDataParallelConfig / GPTModel arguments."""
+    from simulator.outputs.bridge import bridge_recipe
     from simulator.outputs.export import (
         ddp_config,
         gpt_model_args,
@@ -76,7 +86,7 @@ def launch_json(job) -> dict:
     return {"megatron_args": megatron_args(job), "megatron_env": megatron_env(job),
             "megatron_notes": megatron_notes(job), "nemo_yaml": nemo_yaml(job),
             "transformer_config": transformer_config(job), "ddp_config": ddp_config(job),
-            "gpt_model": gpt_model_args(job)}
+            "gpt_model": gpt_model_args(job), "bridge_recipe": bridge_recipe(job)}
 
 
 def render_launch_text(job) -> str:
@@ -150,6 +160,20 @@ def render(job, est, notes: list[str] = ()) -> str:
     return "\n".join(lines)
 
 
+def gpus_of_nodes(kwargs: dict, nnodes: int | None) -> int | None:
+    """--gpus, or --nnodes times the cluster's GPUs per node; both given, they must agree."""
+    gpus = kwargs.get("gpus")
+    if nnodes is None:
+        return gpus
+    from simulator.spec.errors import ConfigError
+    from simulator.spec.hardware import load_cluster
+
+    per_node = load_cluster(kwargs.get("cluster", "dgx-a100-80gb")).gpus_per_node
+    if gpus is not None and gpus != nnodes * per_node:
+        raise ConfigError(f"--gpus {gpus} and --nnodes {nnodes} x {per_node} GPUs per node disagree; give one of them")
+    return nnodes * per_node
+
+
 def _band(low: float | None, high: float | None, unit: str, digits: int) -> str:
     return "" if low is None or high is None else f"   (band {low:.{digits}f} .. {high:.{digits}f} {unit})"
 
@@ -157,8 +181,13 @@ def _band(low: float | None, high: float | None, unit: str, digits: int) -> str:
 @click.command("plan", epilog=EXAMPLES, cls=MegatronAwareCommand)
 @plan_options
 @megatron_options
-@click.option("--launch", "show_launch", is_flag=True, default=False,
-              help="Also print the Megatron-LM launch (environment, torchrun and flags) and the NeMo fragment.")
+@click.option("--launch", "show_launch", is_flag=False, flag_value="megatron", default=None,
+              type=click.Choice(["megatron", "bridge"]),
+              help="Also print the launch: alone or 'megatron', the Megatron-LM launch (environment, torchrun and "
+                   "flags) and the NeMo fragment; 'bridge', a Megatron-Bridge recipe (ConfigContainer) in Python.")
+@click.option("--nnodes", "nnodes", type=BoundedInt(1, limits.MAX_GPUS), default=None,
+              help="Nodes, each of the cluster's (or the launch's --nproc-per-node) GPUs: --gpus = nodes x GPUs per "
+                   "node. With --megatron-args it replaces the launcher's count.")
 @click.option("--tokens", type=TOKENS, default=None,
               help="Training tokens, for days and GPU-hours (e.g. 300e9); MoE models count active parameters.")
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME",
@@ -169,8 +198,8 @@ def _band(low: float | None, high: float | None, unit: str, digits: int) -> str:
               help="Write the plan's figures (PNG) into this folder: timeline, stage memory, memory vs "
                    "micro-batch, memory by strategy, time breakdown, and predicted vs measured.")
 @require_fit_option
-def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, plots_dir=None, show_launch=False,
-                 **kwargs):
+def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, plots_dir=None, show_launch=None,
+                 nnodes=None, **kwargs):
     """Predict one training iteration of a plan: time, MFU/HFU, breakdown, memory and training days.
     For mixture-of-experts models MFU and days count the active parameters (the experts a token is
     routed to), not every expert."""
@@ -180,11 +209,11 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
 
     launch_notes: list[str] = []
     with collected_notes() as notes:
-        from_megatron = job_from_megatron(click.get_current_context(), kwargs)
+        from_megatron = job_from_megatron(click.get_current_context(), {**kwargs, "nnodes": nnodes})
         if from_megatron is not None:
             job, launch_notes = from_megatron
         else:
-            job = job_from_options(**kwargs)
+            job = job_from_options(**{**kwargs, "gpus": gpus_of_nodes(kwargs, nnodes)})
     notes = launch_notes + notes
     profile = load_profile(profile_path) if profile_path else None
     from simulator.estimator.band import with_band
@@ -209,7 +238,11 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
         click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
     else:
         click.echo(render(job, est, notes))
-        if show_launch:
+        if show_launch == "bridge":
+            from simulator.outputs.bridge import bridge_recipe
+
+            click.echo("\nMegatron-Bridge recipe:\n" + bridge_recipe(job))
+        elif show_launch:
             click.echo(render_launch_text(job))
         if trace_path is not None:
             click.echo(f"\ntrace written to {trace_path}")

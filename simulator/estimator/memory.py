@@ -22,6 +22,7 @@ from simulator.graph.parameters import (
     layer_parameters_per_rank,
     moe_layer_parameters_per_rank,
     stage_expert_parameters,
+    stage_fp8_parameters,
     stage_parameters,
 )
 from simulator.spec.model import ModelSpec
@@ -135,13 +136,17 @@ def chunk_in_flight(stage: int, chunk: int, p: int, m: int, v: int, gpipe: bool 
 # --- parameters ----------------------------------------------------------------------------------
 
 
-def _state_bytes(parameters: int, plan: ParallelPlan, group: int | None = None) -> tuple[int, int, int]:
+def _state_bytes(parameters: int, plan: ParallelPlan, group: int | None = None,
+                 fp8_parameters: int = 0) -> tuple[int, int, int]:
     """(weights, gradients, optimizer) bytes for ``parameters`` under the plan's precision.
 
     Mixed precision: 2-byte weights, a 4-byte fp32 gradient buffer and 12 bytes of optimizer state
     (fp32 master copy, Adam m and v) = 18 bytes per parameter; the distributed optimizer shards the
     12 bytes over DP (Megatron's 6 + 12/d). Under fp16 Megatron keeps the gradient buffer in fp16
-    unless told to accumulate in fp32 (``ParallelPlan.grad_bytes``). fp32: 4 + 4 + 8 (no master copy).
+    unless told to accumulate in fp32, and under bf16 with --grad-reduce-in-bf16 (``ParallelPlan.grad_bytes``);
+    the precision-aware optimizer's dtypes set the 12 (``ParallelPlan.optimizer_state_bytes``), and with
+    ``fp8_param_gather`` the ``fp8_parameters`` of them (linear-layer weights) take 1 byte, not 2.
+    fp32: 4 + 4 + 8 (no master copy).
     Sharded data parallelism shards over the DP x CP ranks (``group``: the expert-data-parallel ranks
     for expert parameters): the optimizer state (optim), and the gradients (optim_grads), and the
     weights (optim_grads_params).
@@ -149,8 +154,10 @@ def _state_bytes(parameters: int, plan: ParallelPlan, group: int | None = None) 
     if plan.precision is Precision.fp32:
         weight, grad, state = 4, 4, 8
     else:
-        weight, grad, state = 2, plan.grad_bytes, 12
+        weight, grad, state = 2, plan.grad_bytes, plan.optimizer_state_bytes
     weights, grads, optimizer = parameters * weight, parameters * grad, parameters * state
+    if plan.fp8_param_gather:
+        weights -= fp8_parameters * (weight - 1)
     d, level = (group if group is not None else plan.gradient_group_size), plan.sharding
     if level is not DataParallelSharding.no_shard:
         optimizer = -(-optimizer // d)
@@ -168,7 +175,7 @@ def _sharding_buffers(parameters: int, plan: ParallelPlan) -> int:
     if level in (DataParallelSharding.no_shard, DataParallelSharding.optim):
         return 0
     bucket = min(parameters, max(40_000_000, 1_000_000 * plan.gradient_group_size))
-    gathered = 2 * bucket * plan.precision.activation_bytes if level is DataParallelSharding.optim_grads_params else 0
+    gathered = 2 * bucket * plan.gathered_param_bytes if level is DataParallelSharding.optim_grads_params else 0
     return bucket * plan.grad_bytes + gathered
 
 
@@ -271,9 +278,10 @@ def stage_state(job: Job, stage: int) -> StageState:
     plan = job.plan
     params = stage_parameters(job, stage)
     experts = stage_expert_parameters(job, stage)
-    weights, gradients, optimizer = _state_bytes(params - experts, plan)
+    fp8_dense, fp8_experts = stage_fp8_parameters(job, stage) if plan.fp8_param_gather else (0, 0)
+    weights, gradients, optimizer = _state_bytes(params - experts, plan, fp8_parameters=fp8_dense)
     if experts:
-        w, g, o = _state_bytes(experts, plan, plan.expert_data_parallel_size)
+        w, g, o = _state_bytes(experts, plan, plan.expert_data_parallel_size, fp8_parameters=fp8_experts)
         weights, gradients, optimizer = weights + w, gradients + g, optimizer + o
     return StageState(params, weights, gradients, optimizer, _sharding_buffers(params, plan))
 

@@ -165,8 +165,8 @@ def _matmul_parameters(m, moe: bool) -> int:
 
     weights = m.layer_parameters(moe=moe, active=True) - 2 * m.norm_parameters() - (
         2 * m.head_dim if m.qk_layernorm else 0)
-    if not m.add_bias_linear:
-        return weights
+    if not m.add_bias_linear:  # Qwen2's query/key/value biases are no matrix
+        return weights - (m.q_size + 2 * m.kv_size if m.add_qkv_bias else 0)
     biases = m.q_size + 2 * m.kv_size + m.hidden_size
     if moe:
         biases += m.moe_router_topk * mlp_biases(m.expert_ffn_size)

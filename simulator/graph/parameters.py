@@ -29,7 +29,7 @@ def layer_parameters_per_rank(model: ModelSpec, tensor_parallel_size: int) -> in
     q = h // t
     kv = max(model.kv_size // t, model.head_dim)
     bias = model.add_bias_linear
-    qkv = h * (q + 2 * kv) + ((q + 2 * kv) if bias else 0)
+    qkv = h * (q + 2 * kv) + ((q + 2 * kv) if bias or model.add_qkv_bias else 0)
     proj = q * h + (h if bias else 0)
     mlp_in = (2 if model.swiglu else 1) * (h * f + (f if bias else 0))
     mlp_out = f * h + (h if bias else 0)
@@ -103,3 +103,32 @@ def stage_parameters(job: Job, stage: int) -> int:
         if model.untie_embeddings_and_output_weights or p > 1:
             n += word
     return n
+
+
+def _linear_weights(model: ModelSpec, ffn: int, t: int, attention: bool = True) -> int:
+    """Weight matrices (no biases, norms or router) of one rank's attention (if ``attention``) and one MLP of
+    inner size ``ffn``, split over ``t`` ranks: what Transformer Engine runs as FP8 GEMMs."""
+    h, f = model.hidden_size, ffn // t
+    mlp = (2 if model.swiglu else 1) * h * f + f * h
+    if not attention:
+        return mlp
+    q, kv = model.q_size // t, max(model.kv_size // t, model.head_dim)
+    return h * (q + 2 * kv) + q * h + mlp
+
+
+def stage_fp8_parameters(job: Job, stage: int) -> tuple[int, int]:
+    """(dense, expert) parameters of ``stage_parameters`` that are linear-layer weights, which
+    ``fp8_param_gather`` keeps in FP8: every transformer layer's attention and MLP (or shared and routed
+    experts') matrices; the embedding, output layer, norms, biases and router stay in the model's dtype."""
+    model, plan = job.model, job.plan
+    t = plan.tensor_parallel_size
+    moe = stage_moe_layers(job, stage)
+    dense = (job.layers_per_stage[stage] - moe) * _linear_weights(model, model.ffn_size, t)
+    expert = 0
+    if moe:
+        shared = model.moe_shared_expert_intermediate_size
+        attention = _linear_weights(model, 0, t)
+        dense += moe * (attention + (_linear_weights(model, shared, t, attention=False) if shared else 0))
+        per_rank = model.num_experts // plan.expert_model_parallel_size
+        expert = moe * per_rank * _linear_weights(model, model.expert_ffn_size, plan.expert_tp_size, attention=False)
+    return dense, expert

@@ -32,7 +32,7 @@ import shlex
 from typing import Any
 
 from simulator.spec.errors import ConfigError
-from simulator.spec.model import Normalization
+from simulator.spec.model import Normalization, PositionEmbedding
 from simulator.spec.plan import DataParallelSharding, Job, PipelineSchedule, Precision, RecomputeGranularity
 
 # The sharding levels Megatron runs with Megatron-FSDP; `optim` is the distributed optimizer itself.
@@ -107,6 +107,24 @@ def _moe_args(job: Job) -> list[str]:
     return args
 
 
+def _attention_variant_args(job: Job) -> list[str]:
+    """What changes the model's attention beyond its shape: rope's base (Megatron's default is 10,000, so it is
+    printed for every rope model), Llama 3.1's rope scaling, and a sliding window as (tokens before, after)."""
+    m, args = job.model, []
+    if m.position_embedding_type is PositionEmbedding.rope:
+        args.append(f"--rotary-base {m.rotary_base}")
+        if m.rope_scaling_factor is not None:
+            args += ["--use-rope-scaling", f"--rope-scaling-factor {_num(m.rope_scaling_factor)}"]
+    if m.window_size is not None:
+        args.append(f"--window-size {shlex.quote(window_string(m.window_size))}")
+    return args
+
+
+def window_string(window: int) -> str:
+    """``--window-size``'s tuple: tokens attended before each token and after it (none: causal)."""
+    return f"({window},0)"
+
+
 def megatron_args(job: Job) -> list[str]:
     """``pretrain_gpt.py`` arguments for the model and plan, one flag (with its value) per string."""
     m, p = job.model, job.plan
@@ -134,6 +152,9 @@ def megatron_args(job: Job) -> list[str]:
         args.append("--untie-embeddings-and-output-weights")
     if not m.add_bias_linear:
         args.append("--disable-bias-linear")
+        if m.add_qkv_bias:
+            args.append("--add-qkv-bias")
+    args += _attention_variant_args(job)
     args += [f"--attention-dropout {_num(m.attention_dropout)}", f"--hidden-dropout {_num(m.hidden_dropout)}",
              f"--attention-backend {p.attention_backend.value}",
              f"--tensor-model-parallel-size {p.tensor_parallel_size}",
@@ -155,7 +176,7 @@ def megatron_args(job: Job) -> list[str]:
         args.append("--account-for-loss-in-pipeline-split")
     layout = layout_string(job)
     if layout is not None:
-        args.append(f"--pipeline-model-parallel-layout {layout}")
+        args.append(f"--pipeline-model-parallel-layout {shlex.quote(layout)}")  # '|' and '*' are shell syntax
     if p.sequence_parallel:
         args.append("--sequence-parallel")
     if p.tp_comm_overlap:
@@ -185,6 +206,24 @@ def megatron_args(job: Job) -> list[str]:
         args.append("--accumulate-allreduce-grads-in-fp32")
     if p.fp8_format is not None:
         args += [f"--fp8-format {p.fp8_format.value}", "--transformer-impl transformer_engine"]
+    return args + _state_dtype_args(job)
+
+
+def _state_dtype_args(job: Job) -> list[str]:
+    """What the gradients, the optimizer state and the gathered FP8 weights are kept in, where not Megatron's
+    default: each changes the memory the plan was simulated with."""
+    p, args = job.plan, []
+    if p.grad_reduce_in_bf16:
+        args.append("--grad-reduce-in-bf16")
+    if p.use_precision_aware_optimizer:
+        args.append("--use-precision-aware-optimizer")
+        for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+            if getattr(p, name).value != "fp32":
+                args.append(f"--{name.replace('_', '-')} {getattr(p, name).value}")
+        if not p.store_param_remainders:
+            args.append("--no-store-param-remainders")
+    if p.fp8_param_gather:
+        args.append("--fp8-param-gather")
     return args
 
 
@@ -339,9 +378,18 @@ def nemo_yaml(job: Job) -> str:
             model[key] = True
     if p.pipeline_layer_split is not None:
         model["pipeline_model_parallel_layout"] = layout_string(job)
+    if m.position_embedding_type is PositionEmbedding.rope:
+        model["rotary_base"] = m.rotary_base
+    if m.add_qkv_bias:
+        model["qkv_bias"] = True
+    if m.window_size is not None:
+        model["window_size"] = f"[{m.window_size}, 0]"
     if uses_megatron_fsdp(job):
-        model["fsdp"] = True
-        model["fsdp_sharding_strategy"] = "full" if p.sharding is DataParallelSharding.optim_grads_params else "grad"
+        # NeMo 1.x's `fsdp: true` is PyTorch FSDP, not the Megatron-FSDP that was simulated: no key of this
+        # config selects it, so the fragment says so instead of printing a key that runs another sharding
+        notes.append(f"Megatron-FSDP ({p.sharding.value}) has no NeMo 1.x key (its `fsdp` is PyTorch FSDP, another "
+                     "sharding): run this plan with the Megatron-LM launch or the Megatron-Bridge config "
+                     "(--launch bridge)")
     optim = {"name": "mcore_distributed_optim" if p.sharding is DataParallelSharding.optim else "fused_adam",
              "overlap_grad_sync": p.overlap_grad_reduce, "overlap_param_sync": p.overlap_param_gather}
     lines = [f"# {n}" for n in notes] + [
@@ -390,6 +438,10 @@ def transformer_config(job: Job) -> dict[str, Any]:
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[p.precision.value]
     overlap = p.overlap_p2p_comm and p.interleaved
     extra = {"qk_layernorm": True} if m.qk_layernorm else {}
+    if m.add_qkv_bias:
+        extra["add_qkv_bias"] = True
+    if m.window_size is not None:
+        extra["window_size"] = [m.window_size, 0]  # a tuple in megatron-core; megatron_core_kwargs turns it back
     return {
         "num_layers": m.num_layers,
         "hidden_size": m.hidden_size,
@@ -450,11 +502,14 @@ def ddp_config(job: Job) -> dict[str, Any]:
 def gpt_model_args(job: Job) -> dict[str, Any]:
     """The arguments of megatron-core's ``GPTModel`` beyond its ``TransformerConfig``."""
     m = job.model
+    rope = {"rotary_base": m.rotary_base, "rope_scaling": m.rope_scaling_factor is not None,
+            **({"rope_scaling_factor": m.rope_scaling_factor} if m.rope_scaling_factor is not None else {})}
     return {
         "vocab_size": m.vocab_size,
         "max_sequence_length": m.seq_length,
         "position_embedding_type": m.position_embedding_type.value,
         "share_embeddings_and_output_weights": not m.untie_embeddings_and_output_weights,
+        **(rope if m.position_embedding_type is PositionEmbedding.rope else {}),
     }
 
 
@@ -473,4 +528,6 @@ def megatron_core_kwargs(config: dict[str, Any]) -> dict[str, Any]:
         out[key] = getattr(torch, out[key])
     out["activation_func"] = {"gelu": F.gelu, "silu": F.silu}[out["activation_func"]]
     out["attention_backend"] = AttnBackend[out["attention_backend"]]
+    if out.get("window_size") is not None:
+        out["window_size"] = tuple(out["window_size"])
     return out

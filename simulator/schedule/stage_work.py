@@ -215,7 +215,7 @@ def _optimizer_step(cost, job: Job, params: int, expert_params: int = 0) -> Opti
     bucket, n = None, 1
     if plan.shards_optimizer and plan.sharding is not DataParallelSharding.optim_grads_params:
         n = grad_buckets(job, params) if plan.overlap_param_gather else 1
-        ab = plan.precision.activation_bytes
+        ab = plan.gathered_param_bytes
         bucket = (_dp_time(cost, job, CollectiveKind.all_gather, dense * ab / n)
                   + _dp_time(cost, job, CollectiveKind.all_gather, expert_params * ab / n, expert=True))
     return OptimizerStep(step, bucket, n, plan.overlap_param_gather,
@@ -315,9 +315,9 @@ def stage_communication(job: Job, cost, s: int) -> StageCommunication:
             # first bucket and what compute cannot cover stay exposed (``stage_work``)
             nb = max(nb, math.ceil(chunk_params / max(40_000_000, 1_000_000 * plan.gradient_group_size)))
             gather = nb * (_dp_time(cost, job, CollectiveKind.all_gather,
-                                    (chunk_params - chunk_experts) * plan.precision.activation_bytes / nb)
+                                    (chunk_params - chunk_experts) * plan.gathered_param_bytes / nb)
                            + _dp_time(cost, job, CollectiveKind.all_gather,
-                                      chunk_experts * plan.precision.activation_bytes / nb, expert=True))
+                                      chunk_experts * plan.gathered_param_bytes / nb, expert=True))
             scatter = nb * (_dp_time(cost, job, CollectiveKind.reduce_scatter,
                                      (chunk_params - chunk_experts) * plan.grad_bytes / nb)
                             + _dp_time(cost, job, CollectiveKind.reduce_scatter, chunk_experts * plan.grad_bytes / nb,

@@ -12,10 +12,12 @@ Three families are understood, each by the keys its ``transformers`` config clas
 - Llama style (``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``):
   ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``,
   ``intermediate_size``, ``vocab_size``, ``max_position_embeddings``, ``tie_word_embeddings``;
-  RMSNorm, SwiGLU, rope, no dropout. ``ModelSpec`` has one switch for linear biases: a config with
-  ``attention_bias`` or ``mlp_bias`` turns it on for every linear layer, and Qwen2's built-in
-  query/key/value bias (h + 2 kv_size parameters a layer) is left out. Mistral's sliding window is
-  not modelled: attention is costed as full causal attention over the whole sequence.
+  RMSNorm, SwiGLU, rope, no dropout. A config with ``attention_bias`` or ``mlp_bias`` turns biases on
+  for every linear layer; Qwen2's built-in query/key/value bias (h + 2 kv_size parameters a layer) is
+  ``add_qkv_bias``. Mistral's sliding window (``sliding_window``) is kept as ``window_size`` for the
+  launch, but attention is costed as full causal attention over the whole sequence.
+- Every rope family: ``rope_theta`` (GPT-NeoX: ``rotary_emb_base``) is ``rotary_base``; Llama 3.1's
+  ``rope_scaling`` (``rope_type`` llama3) is ``rope_scaling_factor``; other scalings are noted, not exported.
 - Mixture of experts, Llama style with Megatron's MoE fields:
   Mixtral (``MixtralForCausalLM``): ``num_local_experts``, ``num_experts_per_tok``, and
   ``intermediate_size`` is each expert's size (every layer is MoE). Qwen2-MoE
@@ -24,8 +26,8 @@ Three families are understood, each by the keys its ``transformers`` config clas
   the dense layers), ``decoder_sparse_step`` and ``mlp_only_layers`` (which layers are MoE: layer i
   when it is not listed and (i + 1) is a multiple of the step, as ``transformers`` builds them; a
   0/1 ``moe_layer_freq`` per layer unless every layer is). Qwen2-MoE adds a shared expert
-  (``shared_expert_intermediate_size``); its sigmoid gate (h parameters a layer) is left out, as are
-  its query/key/value biases, as for Qwen2. Qwen3-MoE has its own ``head_dim`` (``kv_channels``) and
+  (``shared_expert_intermediate_size``); its sigmoid gate (h parameters a layer) is left out; its
+  query/key/value biases are kept, as for Qwen2. Qwen3-MoE has its own ``head_dim`` (``kv_channels``) and
   a norm on each head's query and key, and no shared expert. A config whose names were dropped or
   say a dense Llama/Mistral/Qwen2 while it lists experts (``num_local_experts``, ``num_experts``)
   is read as the MoE model the keys describe, never as a dense one.
@@ -215,6 +217,45 @@ def _qwen_moe(c: _Config, *, qwen3: bool) -> dict[str, Any]:
     return fields
 
 
+def _attention_extras(c: _Config, family: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """What changes the model beyond its shape: rope's base and Llama 3.1's scaling, Qwen2's query/key/value
+    biases, Mistral's sliding window."""
+    out: dict[str, Any] = {}
+    if fields.get("position_embedding_type") is PositionEmbedding.rope:
+        key = "rotary_emb_base" if family == "gpt_neox" else "rope_theta"
+        theta = c.data.get(key)
+        if theta is not None:
+            if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta <= limits.MAX_ROTARY_BASE:
+                raise ConfigError(f"Hugging Face config {c.where} has {key}={short_repr(theta)}; it must be a positive "
+                                  f"number up to {limits.MAX_ROTARY_BASE:.0e}")
+            out["rotary_base"] = round(theta)
+        factor = _llama3_rope_scaling(c.data.get("rope_scaling"))
+        if factor is not None:
+            out["rope_scaling_factor"] = factor
+    if family in ("qwen2", "qwen2_moe"):
+        out["add_qkv_bias"] = True  # transformers builds Qwen2's q, k and v projections with bias=True
+    window = _sliding_window(c.data, family)
+    if window is not None:
+        out["window_size"] = window
+    return out
+
+
+def _llama3_rope_scaling(scaling: Any) -> float | None:
+    if not isinstance(scaling, Mapping) or scaling.get("rope_type", scaling.get("type")) != "llama3":
+        return None
+    factor = scaling.get("factor")
+    ok = isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor <= limits.MAX_ROPE_SCALING_FACTOR
+    return float(factor) if ok else None
+
+
+def _sliding_window(data: Mapping[str, Any], family: str) -> int | None:
+    window = data.get("sliding_window")
+    uses = data.get("use_sliding_window", family == "mistral") is True
+    if uses and isinstance(window, int) and not isinstance(window, bool) and 0 < window <= limits.MAX_SEQ_LENGTH:
+        return window
+    return None
+
+
 _FAMILIES: dict[str, Callable[[_Config], dict[str, Any]]] = {
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama, "mistral": _llama, "qwen2": _llama,
     "mixtral": _mixtral, "qwen2_moe": lambda c: _qwen_moe(c, qwen3=False),
@@ -317,14 +358,17 @@ def import_notes(data: Mapping[str, Any], fields: Mapping[str, Any], *, seq_leng
     rotary = _fraction(data, "partial_rotary_factor")
     if family != "gpt_neox" and rotary is not None and rotary < 1:
         notes.append(f"partial rotary embedding (partial_rotary_factor={rotary:g}) costed as a full one")
-    window = data.get("sliding_window")
-    uses_window = data.get("use_sliding_window", family == "mistral") is True
+    window = _sliding_window(data, family)
     seq = seq_length if seq_length is not None else declared
-    if uses_window and isinstance(window, int) and not isinstance(window, bool) and 0 < window < seq:
-        notes.append(f"sliding-window attention (window {window:,} tokens) not modelled: attention is costed as "
-                     f"full causal attention over all {seq:,} tokens, which overstates its time")
-    if family in ("qwen2", "qwen2_moe"):
-        notes.append("Qwen2's query/key/value biases left out (one bias switch for every linear layer)")
+    if window is not None and window < seq:
+        notes.append(f"sliding-window attention (window {window:,} tokens) is in the launch (--window-size) but not "
+                     f"in the time: attention is costed as full causal attention over all {seq:,} tokens, which "
+                     "overstates it")
+    scaling = data.get("rope_scaling")
+    if isinstance(scaling, Mapping) and _llama3_rope_scaling(scaling) is None:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        notes.append(f"rope scaling {kind!r} is not exported (Megatron's --use-rope-scaling is Llama 3.1's); it "
+                     "changes neither time nor memory")
     if family == "qwen2_moe" and fields.get("moe_shared_expert_intermediate_size"):
         notes.append("the shared expert's sigmoid gate (one h-wide projection a layer) left out")
     named = _named_family(data, "config")
@@ -347,7 +391,9 @@ def model_from_hf_config(data: Mapping[str, Any], path: str | Path, *, seq_lengt
     """
     path = Path(path)
     where = repr(str(path))
-    fields = _FAMILIES[_model_type(data, where)](_Config(data, where))
+    family = _model_type(data, where)
+    fields = _FAMILIES[family](_Config(data, where))
+    fields.update(_attention_extras(_Config(data, where), family, fields))
     fields["vocab_size"] = _pad_vocab(fields["vocab_size"])
     notes = import_notes(data, fields, seq_length=seq_length)
     if seq_length is not None:

@@ -60,6 +60,12 @@ MAX_VOCAB_SIZE = 4_194_304
 MAX_SEQ_LENGTH = 16_777_216
 """Sequence length in tokens (2**24); long-context models reach a few million."""
 
+MAX_ROTARY_BASE = 10**12
+"""Rotary base (rope theta); published models use 10,000 to a few million (Llama 3: 500,000)."""
+
+MAX_ROPE_SCALING_FACTOR = 1_024.0
+"""Rope scaling factor (Llama 3.1's is 8)."""
+
 MAX_LAYERS_PER_LIST = MAX_LAYERS
 """Entries of a per-stage layer split (one per stage, so at most one per layer)."""
 

@@ -1,8 +1,9 @@
 """Reading a Megatron-LM launch (a ``pretrain_gpt.py`` command line) into the model and plan it runs.
 
-The text is what a user has: a shell line with backslash continuations and comments, perhaps with
-environment assignments and a launcher (``torchrun --nnodes 2 --nproc-per-node 8``, ``python -m
-torch.distributed.run``) before the script. The flags after it are read as Megatron's ``argparse``
+The text is what a user has: a launch script (its variables, arrays and if-blocks expanded by
+``simulator.spec.shell_script``, which never runs anything) or a shell line with backslash
+continuations and comments, perhaps with environment assignments and a launcher (``torchrun --nnodes 2
+--nproc-per-node 8``, ``python -m torch.distributed.run``) before the script. The flags after it are read as Megatron's ``argparse``
 reads them (exact names, ``--flag value`` or ``--flag=value``), with Megatron's defaults and derived
 values (the padded vocabulary, the SwiGLU MLP width, the global batch, virtual stages from
 ``--num-layers-per-virtual-pipeline-stage``). The simulator's own plan flags (``--tp``, ``--pp``,
@@ -17,7 +18,6 @@ refused in one sentence. The result is a ``Launch``: ModelSpec fields and the pl
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -87,6 +87,20 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, Any], ...] = (
     (("--attention-backend",), "p.attention_backend", ("auto", "flash", "fused", "unfused", "local")),
     (("--use-flash-attn",), "p.use_flash_attention", True),
     (("--qk-layernorm",), "m.qk_layernorm", True),
+    (("--add-qkv-bias",), "m.add_qkv_bias", True),
+    (("--rotary-base",), "m.rotary_base", int),
+    (("--use-rope-scaling",), "x.use_rope_scaling", True),
+    (("--rope-scaling-factor",), "x.rope_scaling_factor", float),
+    (("--window-size",), "x.window_size", str),
+    # what the gradients, the optimizer state and the gathered parameters are stored in
+    (("--grad-reduce-in-bf16",), "p.grad_reduce_in_bf16", True),
+    (("--fp8-param-gather",), "p.fp8_param_gather", True),
+    (("--use-precision-aware-optimizer",), "p.use_precision_aware_optimizer", True),
+    (("--main-grads-dtype",), "p.main_grads_dtype", ("fp32", "bf16")),
+    (("--main-params-dtype",), "p.main_params_dtype", ("fp32", "fp16")),
+    (("--exp-avg-dtype",), "p.exp_avg_dtype", ("fp32", "fp16", "bf16", "fp8")),
+    (("--exp-avg-sq-dtype",), "p.exp_avg_sq_dtype", ("fp32", "fp16", "bf16", "fp8")),
+    (("--no-store-param-remainders",), "p.store_param_remainders", False),
     # mixture of experts: the experts, then their layout (--ep, --etp and the others are the simulator's names)
     (("--num-experts",), "m.num_experts", int),
     (("--moe-router-topk",), "m.moe_router_topk", int),
@@ -103,15 +117,15 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, Any], ...] = (
 )
 FLAGS: dict[str, tuple[str, Any]] = {name: (key, kind) for names, key, kind in _FLAGS for name in names}
 
-# Flags that change what is trained, not how fast: read and dropped without a note.
+# Flags that change what is trained, not how fast nor how much memory: read and dropped without a note.
 _SILENT = re.compile(
     r"--(lr|min-lr|lr-.*|weight-decay.*|adam-.*|sgd-.*|optimizer|clip-grad|init-method-std|train-iters|"
     r"train-samples|eval-.*|data-.*|split|vocab-file|merge-file|tokenizer-model|save|save-.*|load|"
     r"no-load-.*|log-.*|tensorboard-.*|wandb-.*|seed|exit-.*|ckpt-.*|distributed-backend|"
     r"distributed-timeout-minutes|mock-data|use-mcore-models|no-gradient-accumulation-fusion|norm-epsilon|"
-    r"rotary-base|rotary-percent|fp8-amax-.*|fp8-recipe|fp8-margin|fp8-interval|timing-log-.*|"
+    r"rotary-percent|fp8-amax-.*|fp8-recipe|fp8-margin|fp8-interval|timing-log-.*|"
     r"num-workers|no-create-attention-mask-in-dataloader|use-checkpoint-args|"
-    r"no-masked-softmax-fusion|no-bias-.*-fusion|no-rope-fusion|use-rope-scaling|apply-layernorm-1p|"
+    r"apply-layernorm-1p|"
     r"moe-aux-loss-coeff|moe-z-loss-coeff|moe-router-load-balancing-type|moe-router-dtype|"
     r"moe-router-score-function|moe-router-pre-softmax|moe-router-topk-scaling-factor|moe-router-enable-expert-bias|"
     r"moe-router-bias-update-rate|moe-token-drop-policy|moe-input-jitter-eps|moe-per-layer-logging)")
@@ -132,24 +146,16 @@ class Launch:
     gpus: int | None = None
     notes: list[str] = field(default_factory=list)
     launcher_variables: list[str] = field(default_factory=list)
+    gpus_per_node: int | None = None  # the launcher's --nproc-per-node, else the cluster's
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.values.get(key, default)
 
 
-def tokens_of(text: str) -> list[str]:
-    """Shell words of a command text: continuations joined, comments and empty lines dropped."""
-    text = re.sub(r"\\\r?\n", " ", text)
-    try:
-        words = shlex.split(text, comments=True)
-    except ValueError as exc:
-        raise ConfigError(f"cannot read the Megatron command line ({exc}); check its quotes") from None
-    return [w for w in words if w not in (";", "&&", "\\")]
-
-
 def _value(flag: str, kind: Any, raw: str) -> Any:
     if "$" in raw:
-        raise ConfigError(f"{flag} {raw} uses a shell variable; expand it first (bash -x prints the expanded command)")
+        raise ConfigError(f"{flag} {raw} uses a shell variable the script does not set (or a command's output); set "
+                          "it in the script or expand it first (bash -x prints the expanded command)")
     if kind in (int, float):
         try:
             value = kind(raw)
@@ -163,8 +169,9 @@ def _value(flag: str, kind: Any, raw: str) -> Any:
     return raw
 
 
-def _launcher_gpus(words: list[str], gpus_per_node: int | None) -> int | None:
-    nodes, per_node = None, None
+def _launcher_gpus(words: list[str], gpus_per_node: int | None) -> tuple[int | None, int | None, list[str]]:
+    """(GPUs, GPUs per node, the shell variables that hide a count) of torchrun's --nnodes / --nproc-per-node."""
+    nodes, per_node, hidden = None, None, []
     it = iter(range(len(words)))
     for i in it:
         name, _, inline = words[i].partition("=")
@@ -177,8 +184,8 @@ def _launcher_gpus(words: list[str], gpus_per_node: int | None) -> int | None:
         if not inline:
             next(it, None)
         if "$" in raw:
-            raise ConfigError(f"torchrun's {name} {raw} uses a shell variable; expand it first or give --gpus")
-        if name == "--nproc-per-node" and raw == "gpu":
+            hidden.append(f"{name} {raw}")  # the command line's --gpus or --nnodes may stand in for it
+        elif name == "--nproc-per-node" and raw == "gpu":
             if gpus_per_node is None:
                 raise ConfigError("torchrun's --nproc-per-node gpu needs the cluster's GPUs per node; give --gpus")
             per_node = gpus_per_node
@@ -187,21 +194,25 @@ def _launcher_gpus(words: list[str], gpus_per_node: int | None) -> int | None:
         else:
             raise ConfigError(f"torchrun's {name} {raw!r} is not a fixed count (elastic ranges cannot be "
                               "simulated); give a number or --gpus")
-    if per_node is None:
-        return None
-    return (nodes or 1) * per_node
+    if per_node is None or any(h.startswith("--nnodes") for h in hidden):
+        return None, per_node, hidden
+    return (nodes or 1) * per_node, per_node, hidden
 
 
 def parse_launch(text: str, gpus_per_node: int | None = None) -> Launch:
     """Read a launch: launcher, flags and values (see the module docstring); bad input is a ConfigError."""
-    words = tokens_of(text)
+    from simulator.spec.shell_script import launch_words
+
+    words, script_notes = launch_words(text)
     while words and (words[0] == "export" or _ASSIGNMENT.match(words[0])):
         words = words[1:]
     script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
-    launch = Launch()
+    launch = Launch(notes=list(script_notes), gpus_per_node=gpus_per_node)
     if script is not None:
-        launch.gpus = _launcher_gpus(words[:script], gpus_per_node)
-        launch.launcher_variables = [w for w in words[:script] if "$" in w]
+        launch.gpus, per_node, hidden = _launcher_gpus(words[:script], gpus_per_node)
+        launch.gpus_per_node = per_node or gpus_per_node
+        launch.launcher_variables = hidden + [w for w in words[:script] if "$" in w and not w.startswith("--")
+                                              and all(w not in h for h in hidden)]
         words = words[script + 1:]
     elif words and not words[0].startswith("-"):
         if words[0] not in _LAUNCHERS:
@@ -245,7 +256,8 @@ def parse_launch(text: str, gpus_per_node: int | None = None) -> Launch:
             value = kind
         _store(launch, key, value, name)
     if ignored:
-        launch.notes.append("ignored flags the simulator does not model: " + ", ".join(dict.fromkeys(ignored)))
+        launch.notes.append("flags the simulator does not model (they may change time or memory, which the "
+                            "prediction leaves out): " + ", ".join(dict.fromkeys(ignored)))
     if stray:
         launch.notes.append("ignored words that are not flags: " + " ".join(stray))
     return launch
@@ -272,20 +284,31 @@ def swiglu_ffn(hidden: int) -> int:
     return int((4 * hidden * 2 / 3) / 64) * 64
 
 
-def resolve(launch: Launch, base: Any, gpus: int | None) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+def resolve(launch: Launch, base: Any, gpus: int | None,
+            nnodes: int | None = None) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(ModelSpec overrides, plan options, notes) for ``job_from_options``, on the base model ``base``.
 
-    ``gpus`` is the simulator's ``--gpus``; it must agree with the launcher's count where both are given.
+    ``gpus`` and ``nnodes`` are the simulator's ``--gpus`` and ``--nnodes`` (nodes of the launcher's, else the
+    cluster's, GPUs per node): given, they replace the launcher's count, with a note when they differ.
     """
     v, notes = launch.values, list(launch.notes)
     model = {k[2:]: val for k, val in v.items() if k.startswith("m.")}
     options = {k[2:]: val for k, val in v.items() if k.startswith("p.")}
+    if nnodes is not None:
+        per_node = launch.gpus_per_node
+        if per_node is None:
+            raise ConfigError(f"--nnodes {nnodes} needs the GPUs per node (torchrun's --nproc-per-node or the "
+                              "cluster's); give --gpus instead")
+        if gpus is not None and gpus != nnodes * per_node:
+            raise ConfigError(f"--gpus {gpus} and --nnodes {nnodes} x {per_node} GPUs per node disagree; give one "
+                              "of them")
+        gpus = nnodes * per_node
     if launch.gpus is not None and gpus is not None and launch.gpus != gpus:
-        raise ConfigError(f"--gpus {gpus} conflicts with the launcher's {launch.gpus} GPUs; give one of them")
+        notes.append(f"{gpus} GPUs from the command line, not the launcher's {launch.gpus}")
     n_gpus = gpus if gpus is not None else launch.gpus
     if n_gpus is None and launch.launcher_variables:
-        raise ConfigError(f"the launcher's GPU count may be in the shell variable {launch.launcher_variables[0]}; "
-                          "expand it first (bash -x prints the expanded command) or give --gpus")
+        raise ConfigError(f"the launcher's GPU count may be in the shell variable {launch.launcher_variables[0]}, "
+                          "which the script does not set; set it, or give --gpus or --nnodes")
     if n_gpus is not None:
         options["gpus"] = n_gpus
     elif "data_parallel_size" not in options:
@@ -305,6 +328,7 @@ def resolve(launch: Launch, base: Any, gpus: int | None) -> tuple[dict[str, Any]
     if kv is not None and kv * heads != hidden:
         model["kv_channels"] = kv  # heads of their own size (Qwen3); hidden / heads needs no field
     _resolve_experts(v, model, layers)
+    _resolve_attention(v, model, notes)
     multiple = v.get("x.vocab_multiple", 128) * tp
     tokenizer = v.get("x.tokenizer_type")
     if "x.vocab_size" in v:
@@ -359,6 +383,28 @@ def resolve(launch: Launch, base: Any, gpus: int | None) -> tuple[dict[str, Any]
         dp = options.get("data_parallel_size") or (n_gpus // (tp * cp * pp) if n_gpus else 1)
         options["global_batch_size"] = options.get("micro_batch_size", 1) * max(dp, 1)
     return model, options, notes
+
+
+MEGATRON_ROPE_SCALING_FACTOR = 8.0  # --rope-scaling-factor's default
+
+
+def _resolve_attention(v: dict[str, Any], model: dict[str, Any], notes: list[str]) -> None:
+    if v.get("x.use_rope_scaling"):
+        model["rope_scaling_factor"] = v.get("x.rope_scaling_factor", MEGATRON_ROPE_SCALING_FACTOR)
+    elif "x.rope_scaling_factor" in v:
+        notes.append("--rope-scaling-factor is ignored without --use-rope-scaling (as Megatron does)")
+    window = v.get("x.window_size")
+    if window is not None:
+        model["window_size"] = window_size(window)
+
+
+def window_size(text: str) -> int:
+    """The tokens before each token that ``--window-size`` lets it attend to: '(4096,0)', '4096,0' or '[4096, 0]'."""
+    parts = [p for p in re.split(r"[\s,()\[\]]+", text) if p]
+    if len(parts) == 2 and all(p.lstrip("-").isdigit() for p in parts) and int(parts[0]) > 0 and int(parts[1]) == 0:
+        return int(parts[0])
+    raise ConfigError(f"--window-size {text!r} is not a causal sliding window the simulator reads; write it as "
+                      "'(W,0)' with W tokens before each token")
 
 
 def _resolve_experts(v: dict[str, Any], model: dict[str, Any], layers: int) -> None:

@@ -49,6 +49,20 @@ class ModelSpec(BaseModel):
         False, description="Separate output matrix instead of reusing the word embedding."
     )
     add_bias_linear: bool = Field(True, description="Biases on the linear layers (GPT yes, Llama no).")
+    add_qkv_bias: bool = Field(
+        False, description="Biases on the query/key/value projection alone (Qwen2; Megatron --add-qkv-bias); "
+                           "add_bias_linear already includes them.")
+    rotary_base: int = Field(
+        10000, gt=0, le=limits.MAX_ROTARY_BASE,
+        description="Rope's base period theta (Megatron --rotary-base, Hugging Face rope_theta; Llama 3: 500,000).")
+    rope_scaling_factor: float | None = Field(
+        None, gt=0, le=limits.MAX_ROPE_SCALING_FACTOR,
+        description="Llama 3.1's rope frequency scaling by this factor (Megatron --use-rope-scaling "
+                    "--rope-scaling-factor); None: none.")
+    window_size: int | None = Field(
+        None, gt=0, le=limits.MAX_SEQ_LENGTH,
+        description="Sliding-window attention: each token attends to this many tokens before it (Mistral; "
+                    "Megatron --window-size). Costed as full causal attention.")
     attention_dropout: float = Field(0.1, ge=0, lt=1, description="Dropout on attention probabilities (0 = none).")
     hidden_dropout: float = Field(0.1, ge=0, lt=1, description="Dropout before each residual add (0 = none).")
     kv_channels: int | None = Field(
@@ -153,7 +167,7 @@ class ModelSpec(BaseModel):
 
     def attention_parameters(self) -> int:
         h, q, kv, bias = self.hidden_size, self.q_size, self.kv_size, self.add_bias_linear
-        qkv = h * (q + 2 * kv) + (q + 2 * kv if bias else 0)
+        qkv = h * (q + 2 * kv) + (q + 2 * kv if bias or self.add_qkv_bias else 0)
         proj = q * h + (h if bias else 0)
         return qkv + proj + (2 * self.head_dim if self.qk_layernorm else 0)
 

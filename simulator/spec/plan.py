@@ -46,6 +46,26 @@ class Fp8Format(str, Enum):
     e4m3 = "e4m3"  # e4m3 throughout
 
 
+class StateDtype(str, Enum):
+    """What the precision-aware optimizer keeps a tensor in (Megatron's --main-grads-dtype, --main-params-dtype,
+    --exp-avg-dtype, --exp-avg-sq-dtype; each flag takes only some of them)."""
+
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    fp8 = "fp8"
+
+    @property
+    def bytes(self) -> int:
+        return {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}[self.value]
+
+
+# the dtypes Megatron's arguments.py lets each flag take
+_STATE_DTYPE_CHOICES = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
+                        "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
+                        "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8")}
+
+
 class CpCommType(str, Enum):
     """How context parallelism exchanges keys and values (Megatron ``--cp-comm-type``)."""
 
@@ -153,6 +173,27 @@ class ParallelPlan(BaseModel):
     accumulate_allreduce_grads_in_fp32: bool | None = Field(
         None, description="Keep the gradient buffer (main_grad) and its data-parallel reduction in fp32. None = "
                           "Megatron's default: fp32 under bf16 (which forces it), the model's 2-byte dtype under fp16.")
+    grad_reduce_in_bf16: bool = Field(
+        False, description="bf16 training: keep the gradient buffer (main_grad) and its data-parallel reduction in "
+                           "bf16, 2 bytes a parameter instead of 4 (Megatron --grad-reduce-in-bf16).")
+    use_precision_aware_optimizer: bool = Field(
+        False, description="Transformer Engine's FusedAdam keeps master weights and Adam moments in the dtypes "
+                           "below (Megatron --use-precision-aware-optimizer; needs the distributed optimizer).")
+    main_grads_dtype: StateDtype = Field(
+        StateDtype.fp32, description="Precision-aware optimizer: the gradient buffer's dtype (fp32 or bf16).")
+    main_params_dtype: StateDtype = Field(
+        StateDtype.fp32, description="Precision-aware optimizer: the master weights' dtype (fp32 or fp16).")
+    exp_avg_dtype: StateDtype = Field(
+        StateDtype.fp32, description="Precision-aware optimizer: Adam's first moment (fp32, fp16, bf16 or fp8).")
+    exp_avg_sq_dtype: StateDtype = Field(
+        StateDtype.fp32, description="Precision-aware optimizer: Adam's second moment (fp32, fp16, bf16 or fp8).")
+    store_param_remainders: bool = Field(
+        True, description="Precision-aware optimizer with bf16 weights and fp32 master weights: keep only the 16 "
+                          "bits of each master weight the bf16 weight lacks, 2 bytes instead of 4 (Megatron's "
+                          "default; --no-store-param-remainders turns it off).")
+    fp8_param_gather: bool = Field(
+        False, description="FP8 plans: keep the linear layers' weights in FP8 (1 byte instead of 2) and all-gather "
+                           "them in FP8 (Megatron --fp8-param-gather; needs the distributed optimizer).")
     fp8_format: Fp8Format | None = Field(
         None,
         description="Run the transformer layers' linear GEMMs (QKV, projection, fc1, fc2: forward, dgrad, wgrad) "
@@ -255,8 +296,32 @@ class ParallelPlan(BaseModel):
         """Bytes per element of the gradient buffer the weight gradients accumulate into and DP reduces."""
         if self.precision is Precision.fp32:
             return 4
+        if self.bf16_gradients:
+            return 2
         fp32 = self.accumulate_allreduce_grads_in_fp32
         return 4 if (fp32 if fp32 is not None else self.precision is Precision.bf16) else 2
+
+    @property
+    def bf16_gradients(self) -> bool:
+        """bf16 training whose gradients stay in bf16 (--grad-reduce-in-bf16, or --main-grads-dtype bf16)."""
+        return self.precision is Precision.bf16 and (self.grad_reduce_in_bf16
+                                                     or self.main_grads_dtype is StateDtype.bf16)
+
+    @property
+    def optimizer_state_bytes(self) -> int:
+        """Optimizer bytes per parameter under mixed precision: master weight, Adam's m and v (12 by default;
+        the precision-aware optimizer's dtypes, and its 2-byte remainders of fp32 master weights over bf16)."""
+        master = self.main_params_dtype.bytes
+        if (self.use_precision_aware_optimizer and self.store_param_remainders and master == 4
+                and self.precision is Precision.bf16):
+            master = 2
+        return master + self.exp_avg_dtype.bytes + self.exp_avg_sq_dtype.bytes
+
+    @property
+    def gathered_param_bytes(self) -> int:
+        """Bytes per parameter of the sharded optimizer's parameter all-gather: the model's 2-byte weights, or
+        FP8 with fp8_param_gather (the embedding and norms, a few percent, are counted as FP8 too)."""
+        return 1 if self.fp8_param_gather else self.precision.activation_bytes
 
     @model_validator(mode="after")
     def _context_parallel_needs_a_fused_kernel(self) -> "ParallelPlan":
@@ -290,9 +355,33 @@ class ParallelPlan(BaseModel):
 
     @model_validator(mode="after")
     def _bf16_accumulates_in_fp32(self) -> "ParallelPlan":
-        if self.precision is Precision.bf16 and self.accumulate_allreduce_grads_in_fp32 is False:
-            raise ValueError("bf16 training accumulates and all-reduces gradients in fp32 (Megatron forces it); "
-                             "drop accumulate_allreduce_grads_in_fp32=False or use fp16")
+        if self.precision is Precision.bf16 and self.accumulate_allreduce_grads_in_fp32 is False \
+                and not self.bf16_gradients:
+            raise ValueError("bf16 training accumulates and all-reduces gradients in fp32 unless told to keep them in "
+                             "bf16; drop accumulate_allreduce_grads_in_fp32=False or set grad_reduce_in_bf16")
+        if self.bf16_gradients and self.accumulate_allreduce_grads_in_fp32:
+            raise ValueError("accumulate_allreduce_grads_in_fp32 contradicts grad_reduce_in_bf16 / main_grads_dtype "
+                             "bf16; drop one of them")
+        if self.grad_reduce_in_bf16 and self.precision is not Precision.bf16:
+            raise ValueError(f"grad_reduce_in_bf16 is for bf16 training, not {self.precision.value}; use precision "
+                             "bf16 or drop it")
+        return self
+
+    @model_validator(mode="after")
+    def _optimizer_dtypes_need_the_precision_aware_optimizer(self) -> "ParallelPlan":
+        for name, allowed in _STATE_DTYPE_CHOICES.items():
+            value = getattr(self, name)
+            if value.value not in allowed:
+                raise ValueError(f"{name}={value.value!r} is not one Megatron takes; use {' or '.join(allowed)}")
+            if value is not StateDtype.fp32 and not self.use_precision_aware_optimizer:
+                raise ValueError(f"{name}={value.value!r} needs use_precision_aware_optimizer (Megatron's rule); turn "
+                                 "it on or keep fp32")
+        if self.use_precision_aware_optimizer and not self.shards_optimizer:
+            raise ValueError("use_precision_aware_optimizer runs only with the distributed optimizer (Megatron's "
+                             "rule); add use_distributed_optimizer or drop it")
+        if self.fp8_param_gather and (self.fp8_format is None or not self.shards_optimizer):
+            raise ValueError("fp8_param_gather keeps FP8 weights for the distributed optimizer to gather, so it needs "
+                             "fp8_format and use_distributed_optimizer; add them or drop fp8_param_gather")
         return self
 
     @model_validator(mode="after")

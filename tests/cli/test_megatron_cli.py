@@ -139,8 +139,6 @@ def test_bad_plan_flags_are_one_sentence_and_exit_2(args, needle):
     ("--num-layers 24 --num-experts 8 --multi-latent-attention", [], "not multi-latent attention"),
     ("--num-layers 24 --num-experts 8 --expert-model-parallel-size 3", [], "does not divide num_experts=8"),
     ("torchrun --nnodes 1:4 --nproc-per-node 8 pretrain_gpt.py --num-layers 24", [], "elastic"),
-    ("torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --num-layers 24", ["--gpus", "8"],
-     "conflicts with the launcher's 16 GPUs"),
     ("torchrun $DIST pretrain_gpt.py --num-layers 24", [], "shell variable"),
     ("--num-layers $L", [], "shell variable"),
     ("", [], "no Megatron flags"),

@@ -378,3 +378,42 @@ def test_any_plan_is_valid_or_a_project_error(t, p, gbs, v, mbs, sp, granularity
     assert plan.global_batch_size % (plan.micro_batch_size * plan.data_parallel_size) == 0
     assert not plan.sequence_parallel or plan.tensor_parallel_size > 1
     assert memory_plan(j).peak_bytes > 0
+
+
+def test_state_dtypes_set_the_bytes_per_parameter():
+    """bf16 gradients halve the gradient buffer; FP8 weights take 1 byte for the linear layers' matrices only;
+    the precision-aware optimizer's dtypes (and its 2-byte remainders of fp32 master weights) set the state."""
+    from simulator.cli.options import job_from_options
+    from simulator.graph.parameters import stage_fp8_parameters
+    from simulator.estimator.memory import stage_state
+
+    common = dict(model="llama3-8b", cluster="dgx-h100", gpus=8, use_distributed_optimizer=True,
+                  fp8_format="hybrid", global_batch_size=8)
+    base = stage_state(job_from_options(**common), 0)
+    bf16 = stage_state(job_from_options(**common, grad_reduce_in_bf16=True), 0)
+    assert (base.gradients, bf16.gradients) == (4 * base.parameters, 2 * base.parameters)
+    fp8_job = job_from_options(**common, overlap_grad_reduce=True, fp8_param_gather=True)
+    fp8 = stage_state(fp8_job, 0)
+    linear, experts = stage_fp8_parameters(fp8_job, 0)
+    assert experts == 0 and 0.8 * base.parameters < linear < base.parameters  # embedding and output stay bf16
+    assert base.weights - fp8.weights == linear
+    aware = stage_state(job_from_options(**common, use_precision_aware_optimizer=True, exp_avg_dtype="bf16",
+                                         exp_avg_sq_dtype="bf16"), 0)
+    assert aware.optimizer == -(-base.parameters * (2 + 2 + 2) // 8)  # remainders, m, v: 6 bytes over DP 8
+    kept = stage_state(job_from_options(**common, use_precision_aware_optimizer=True, store_param_remainders=False), 0)
+    assert kept.optimizer == base.optimizer
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (dict(grad_reduce_in_bf16=True, precision="fp16"), "is for bf16"),
+    (dict(exp_avg_dtype="bf16", use_distributed_optimizer=True), "needs use_precision_aware_optimizer"),
+    (dict(use_precision_aware_optimizer=True), "distributed optimizer"),
+    (dict(fp8_param_gather=True, use_distributed_optimizer=True), "fp8_format"),
+    (dict(grad_reduce_in_bf16=True, accumulate_allreduce_grads_in_fp32=True), "contradicts"),
+])
+def test_state_dtype_rules_are_one_sentence(flags, needle):
+    from simulator.cli.options import job_from_options
+    from simulator.spec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=needle):
+        job_from_options(model="gpt3-1.3b", gpus=8, **flags)

@@ -281,7 +281,7 @@ def test_flags_round_trip_to_the_same_prediction(jobs):
 def test_explicit_stage_split_round_trips_as_a_layout():
     job = job_from_options(model="gpt3-1.3b", gpus=3, pipeline_parallel_size=3, global_batch_size=6,
                            plan_overrides={"pipeline_layer_split": (7, 9, 8)})
-    assert "--pipeline-model-parallel-layout Et*7|t*9|t*8L" in megatron_args(job)
+    assert "--pipeline-model-parallel-layout 'Et*7|t*9|t*8L'" in megatron_args(job)  # quoted: '|' would pipe
     assert round_trip(job).plan.pipeline_layer_split == (7, 9, 8)
     config, _ = _megatron_configs(job)
     assert config.pipeline_model_parallel_layout is not None

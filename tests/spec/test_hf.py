@@ -87,11 +87,18 @@ def test_mistral_counts_its_released_parameters_at_its_declared_context(tmp_path
     assert m.seq_length == 32768 and m.query_groups == 8
 
 
-def test_qwen2_misses_exactly_its_query_key_value_biases(tmp_path):
+def test_qwen2_counts_exactly_its_published_parameters(tmp_path):
     m = load_hf_config(write(tmp_path, QWEN2_05B))
-    assert not m.untie_embeddings_and_output_weights
-    qkv_bias = 24 * (896 + 2 * 2 * 64)
-    assert m.num_parameters() == 494_032_768 - qkv_bias
+    assert not m.untie_embeddings_and_output_weights and m.add_qkv_bias and not m.add_bias_linear
+    assert m.num_parameters() == 494_032_768  # with its query/key/value biases, 24 x (896 + 2 x 2 x 64)
+
+
+def test_rope_theta_and_llama31_scaling_are_read(tmp_path):
+    assert load_hf_config(write(tmp_path, LLAMA3_8B)).rotary_base == 500_000
+    scaled = {**LLAMA3_8B, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}}
+    assert load_hf_config(write(tmp_path, scaled)).rope_scaling_factor == 8.0
+    mistral = {**LLAMA3_8B, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 4096}
+    assert load_hf_config(write(tmp_path, mistral)).window_size == 4096
 
 
 def test_sequence_length_defaults_to_max_positions_unless_given(tmp_path):
@@ -205,7 +212,7 @@ def test_approximations_are_issued_as_notes(tmp_path):
     pythia = _notes(tmp_path, PYTHIA_160M)
     assert any("parallel residual" in n for n in pythia) and any("rotary_pct=0.25" in n for n in pythia)
     qwen = _notes(tmp_path, QWEN2_05B, seq_length=4096)
-    assert any("query/key/value biases" in n for n in qwen)
+    assert not any("query/key/value biases" in n for n in qwen)  # modelled now (add_qkv_bias)
     assert not any("sliding" in n for n in qwen)  # Qwen2 declares a window but does not use it
     assert any("50,257 padded to 50,304" in n for n in _notes(tmp_path, GPT2))
     assert _notes(tmp_path, LLAMA3_8B) == []  # nothing approximated, and 8,192 is a pre-training length
