@@ -168,13 +168,20 @@ def _state_bytes(parameters: int, plan: ParallelPlan, group: int | None = None,
     return weights, grads, optimizer
 
 
-def _sharding_buffers(parameters: int, plan: ParallelPlan) -> int:
+def _sharding_buffers(parameters: int, job: Job, stage: int) -> int:
     """Full-size buckets sharded data parallelism materialises: a bucket of gradients before its
-    reduce-scatter; with sharded weights, two buckets of gathered weights (in use and prefetched)."""
+    reduce-scatter; with sharded weights, two units of gathered weights (in use and prefetched),
+    Megatron-FSDP's units being the transformer layers and one root unit per model chunk (the
+    engine's ``stage_communication`` splits the same way)."""
+    plan = job.plan
     level = plan.sharding
     if level in (DataParallelSharding.no_shard, DataParallelSharding.optim):
         return 0
-    bucket = min(parameters, max(40_000_000, 1_000_000 * plan.gradient_group_size))
+    if level is DataParallelSharding.optim_grads_params:
+        chunks = job.chunk_layers[stage]
+        bucket = -(-parameters // (sum(chunks) + len(chunks)))
+    else:
+        bucket = min(parameters, max(40_000_000, 1_000_000 * plan.gradient_group_size))
     gathered = 2 * bucket * plan.gathered_param_bytes if level is DataParallelSharding.optim_grads_params else 0
     return bucket * plan.grad_bytes + gathered
 
@@ -283,7 +290,7 @@ def stage_state(job: Job, stage: int) -> StageState:
     if experts:
         w, g, o = _state_bytes(experts, plan, plan.expert_data_parallel_size, fp8_parameters=fp8_experts)
         weights, gradients, optimizer = weights + w, gradients + g, optimizer + o
-    return StageState(params, weights, gradients, optimizer, _sharding_buffers(params, plan))
+    return StageState(params, weights, gradients, optimizer, _sharding_buffers(params, job, stage))
 
 
 def stage_chunk_activations(job: Job, stage: int) -> tuple[int, int]:

@@ -60,6 +60,7 @@ class StageCommunication:
     reduce_s: tuple[float, ...]
     fsdp_s: tuple[tuple[float, float], ...] | None
     optimizer: OptimizerStep
+    overlap_slowdown: float = 0.0  # the profile's: compute beside a collective runs this much slower
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,15 @@ def stage_work(steps: StageSteps, comm: StageCommunication) -> StageWork:
     fwd, bwd = steps.forward_s, steps.backward_s
     if comm.fsdp_s is not None:
         fwd, bwd = list(fwd), list(bwd)
+        slow = comm.overlap_slowdown
         for c, ((gather, scatter), nb) in enumerate(zip(comm.fsdp_s, comm.buckets)):
-            fwd[c] += max(gather / nb, gather - fwd[c])
-            bwd[c] += max(gather / nb, gather + scatter - bwd[c])
+            # The first unit's gather comes before any compute and the last unit's reduce-scatter after
+            # it; the rest overlaps compute, which runs slower beside it (the collectives take SMs and
+            # HBM bandwidth), and is exposed only where it outlasts the compute.
+            hidden_f = min(gather - gather / nb, fwd[c])
+            hidden_b = min(gather + scatter - (gather + scatter) / nb, bwd[c])
+            fwd[c] += max(gather / nb, gather - fwd[c]) + slow * hidden_f
+            bwd[c] += max((gather + scatter) / nb, gather + scatter - bwd[c]) + slow * hidden_b
         fwd, bwd = tuple(fwd), tuple(bwd)
     return StageWork(fwd, bwd, comm.reduce_s, comm.optimizer.time_s(fwd[0]), steps.forward_host_wait_s,
                      steps.backward_host_wait_s, comm.buckets)
@@ -310,10 +317,12 @@ def stage_communication(job: Job, cost, s: int) -> StageCommunication:
     for c in range(v):
         nb = grad_buckets(job, chunk_params)
         if fsdp:
-            # Megatron-FSDP gathers each bucket of parameters before it is used, forward and again backward,
-            # prefetching the next while one computes, and reduce-scatters each micro-batch's gradients: the
-            # first bucket and what compute cannot cover stay exposed (``stage_work``)
-            nb = max(nb, math.ceil(chunk_params / max(40_000_000, 1_000_000 * plan.gradient_group_size)))
+            # Megatron-FSDP's units are the transformer layers (its adapter wraps with fsdp_unit_modules=
+            # [TransformerLayer]) and one root unit for the rest (embedding, output layer, final norm). It
+            # gathers each unit before it is used, forward and again backward, prefetching the next while
+            # one computes, and reduce-scatters each micro-batch's gradients unit by unit: the first gather
+            # and the last reduce-scatter and what compute cannot cover stay exposed (``stage_work``)
+            nb = job.chunk_layers[s][c] + 1
             gather = nb * (_dp_time(cost, job, CollectiveKind.all_gather,
                                     (chunk_params - chunk_experts) * plan.gathered_param_bytes / nb)
                            + _dp_time(cost, job, CollectiveKind.all_gather,
@@ -340,7 +349,7 @@ def stage_communication(job: Job, cost, s: int) -> StageCommunication:
         reduce.append(r)
         buckets.append(nb)
     return StageCommunication(tuple(buckets), tuple(reduce), tuple(fsdp_s) if fsdp else None,
-                              _optimizer_step(cost, job, stage_params, expert_params))
+                              _optimizer_step(cost, job, stage_params, expert_params), cost.overlap_compute_slowdown)
 
 
 def _stage_work(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraTimes, s: int) -> StageWork:
