@@ -133,9 +133,10 @@ class StorageSpec(BaseModel):
     def _bandwidths_are_positive(self) -> "StorageSpec":
         for name in ("write_gbps_per_node", "read_gbps_per_node", "write_gbps", "read_gbps", "host_copy_gbps_per_gpu"):
             d = getattr(self, name)
-            if d.low < limits.GBPS_RANGE["ge"]:
-                raise ValueError(f"storage {name} reaches {d.low:g} GB/s at the low end of its range; a bandwidth is "
-                                 f"at least {limits.GBPS_RANGE['ge']:g} GB/s, so raise it")
+            low, high = limits.GBPS_RANGE["ge"], limits.GBPS_RANGE["le"]
+            if d.low < low or d.high > high:
+                raise ValueError(f"storage {name} spans {d.low:g} to {d.high:g} GB/s; a bandwidth is from {low:g} to "
+                                 f"{high:g} GB/s, as the flags take it, so bring its range inside")
         return self
 
     def with_bandwidth(self, name: str, gbps: float) -> "StorageSpec":
