@@ -58,7 +58,8 @@ def render_goodput(g) -> list[str]:
     c = g.checkpoint
     lines = ["", f"ideal            {g.ideal_days:9.1f} days (no failure, no checkpoint)",
              f"expected         {g.expected_days:9.1f} days with failures, saves and restarts   "
-             f"(band {g.expected_days_low:.1f} .. {g.expected_days_high:.1f} days)"]
+             f"(band {g.expected_days_low:.1f} .. " + (f"{g.expected_days_high:.1f} days)" if g.expected_days_high
+                                                        else "never finishing, at the ends of the declared ranges)")]
     if g.p90_days is not None:
         lines.append(f"  simulated      P10 {g.p10_days:.1f}, P50 {g.p50_days:.1f}, P90 {g.p90_days:.1f} days "
                      f"({g.simulated_runs} runs, seed {g.seed})")

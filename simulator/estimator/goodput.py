@@ -107,7 +107,9 @@ class GoodputEstimate(BaseModel):
     expected_days: float = Field(description="The mean with failures, saves and restarts (closed form).")
     expected_days_low: float = Field(description="... with every declared constant (failure rates, restart, storage) "
                                                  "and the iteration time at the ends of their ranges that shorten it.")
-    expected_days_high: float = Field(description="... that lengthen it.")
+    expected_days_high: float | None = Field(
+        description="... that lengthen it; None when there the run would take more than "
+                    f"{limits.MAX_SLOWDOWN_BY_FAILURES:g} times its ideal days (it fails faster than it restarts).")
     p10_days: float | None = Field(None, description="The simulation's 10th percentile; None when not simulated.")
     p50_days: float | None = None
     p90_days: float | None = None
@@ -278,7 +280,8 @@ def _split(r: Renewal, k: int, expected_s: float) -> TimeSplit:
     planned = r.planned_per_s * expected_s
     saves = r.saves(k) * (r.segment_s(k) - k * r.iteration_time_s) + planned * (r.blocking_save_s + r.durable_lag_s)
     lam = r.unplanned_per_s
-    restarts = (expected_s * -math.expm1(-lam * r.restart_s) if lam else 0.0) + planned * r.restart_s
+    unplanned_s = expected_s / r.planned_stretch()  # the run without its planned stops, where failures strike
+    restarts = (unplanned_s * -math.expm1(-lam * r.restart_s) if lam else 0.0) + planned * r.restart_s
     lost = max(0.0, expected_s - compute - saves - restarts)
     d = SECONDS_PER_DAY
     return TimeSplit(compute_days=compute / d, checkpoint_days=saves / d, lost_work_days=lost / d,
@@ -311,7 +314,8 @@ def goodput(job: Job, est: Estimate, settings: GoodputSettings | None = None,
     out = dict(
         ideal_days=ideal_s / SECONDS_PER_DAY, expected_days=expected_s / SECONDS_PER_DAY,
         expected_days_low=min(corners[0], expected_s / SECONDS_PER_DAY),
-        expected_days_high=max(corners[1], expected_s / SECONDS_PER_DAY),
+        expected_days_high=(max(corners[1], expected_s / SECONDS_PER_DAY)
+                            if corners[1] * SECONDS_PER_DAY <= limits.MAX_SLOWDOWN_BY_FAILURES * ideal_s else None),
         ettr=ideal_s / expected_s, interruptions_per_day=(unplanned + planned) * SECONDS_PER_DAY,
         unplanned_interruptions_per_day=unplanned * SECONDS_PER_DAY,
         job_mtbf_hours=1 / unplanned / 3600 if unplanned else None,
@@ -323,7 +327,7 @@ def goodput(job: Job, est: Estimate, settings: GoodputSettings | None = None,
     if simulate:
         from simulator.estimator.goodput_sim import simulate_run
 
-        sim = simulate_run(r, k, _hardware(data, job), settings)
+        sim = simulate_run(r, k, component_mix(data), settings)
         if sim is None:
             out["note"] = ("too many interruptions to simulate each one; the spread of the days is under a percent "
                            "of the mean")
@@ -333,7 +337,7 @@ def goodput(job: Job, est: Estimate, settings: GoodputSettings | None = None,
     return GoodputEstimate(**out)
 
 
-def _hardware(data: Reliability, job: Job) -> tuple[tuple[float, bool, bool, float], ...]:
+def component_mix(data: Reliability) -> tuple[tuple[float, bool, bool, float], ...]:
     """Per component: (its share of the job's interruptions, planned, replaces a node, repair seconds)."""
     total = data.rate_per_gpu_hour(planned=None)
     if total == 0:

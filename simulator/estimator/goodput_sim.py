@@ -23,7 +23,7 @@ import simpy
 from simulator.spec import limits
 
 SECONDS_PER_DAY = 86400.0
-_EVENT_BUDGET = 400_000  # interruptions the default number of runs plays: about 2 s at 5 us each
+_EVENT_BUDGET = 300_000  # interruptions the default number of runs plays: 1.5-2.5 s at 5-8 us each
 _MIN_RUNS, _MAX_RUNS = 40, 400
 _BATCH = 4096  # random numbers drawn at once
 
