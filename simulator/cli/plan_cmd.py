@@ -228,9 +228,14 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
     est = with_band(job, sim.estimate, profile)
     goodput = None
     if tokens is not None:
-        from simulator.estimator.goodput import goodput as expected_days
+        from simulator.estimator.goodput import EndlessRunError, goodput as expected_days
 
-        goodput = expected_days(job, est, settings)
+        try:
+            goodput = expected_days(job, est, settings)
+        except EndlessRunError as exc:
+            if settings != type(settings)():
+                raise  # what the flags asked for has no answer
+            notes.append(f"no expected days: {exc}")  # the cluster's own data: the ideal days still stand
     interval = goodput.save_interval if goodput is not None else settings.save_interval
     if trace_path is not None:
         from simulator.outputs.trace import write_trace

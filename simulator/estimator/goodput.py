@@ -35,6 +35,10 @@ from simulator.spec.reliability import Reliability, StorageSpec
 GB = 1e9
 
 
+class EndlessRunError(ConfigError):
+    """A run that fails faster than it restarts and saves: its expected days are past any use."""
+
+
 class GoodputSettings(BaseModel):
     """What the user chooses about failures and checkpoints (flags of `plan` and `search`)."""
 
@@ -265,8 +269,8 @@ def _renewal(job: Job, data: Reliability, cost: CheckpointCost, iteration_time_s
 def _refuse_if_endless(job: Job, r: Renewal, expected_s: float, ideal_s: float) -> None:
     if expected_s <= limits.MAX_SLOWDOWN_BY_FAILURES * ideal_s:
         return
-    mtbf_min = 1 / r.unplanned_per_s / 60
-    raise ConfigError(
+    mtbf_min = 1 / max(r.unplanned_per_s, r.planned_per_s, 1e-300) / 60
+    raise EndlessRunError(
         f"{job.num_gpus:,} GPUs are interrupted every {mtbf_min:.3g} minutes on average, while a restart takes "
         f"{r.restart_s / 60:.3g} and a save {r.blocking_save_s / 60:.3g} minutes, so the run would take more than "
         f"{limits.MAX_SLOWDOWN_BY_FAILURES:g} times its {ideal_s / SECONDS_PER_DAY:.3g} ideal days; use fewer GPUs, "
@@ -354,4 +358,6 @@ def effective_iteration_time_s(job: Job, iteration_time_s: float, settings: Good
     cost = checkpoint_cost(job, settings.storage(job.cluster.storage), settings.async_save)
     r = _renewal(job, data, cost, iteration_time_s, 1e12)
     k = settings.save_interval if settings.save_interval is not None else r.best_interval()
-    return r.expected_segment_s(k) / k * r.planned_stretch()
+    per_iteration = r.expected_segment_s(k) / k * r.planned_stretch()
+    _refuse_if_endless(job, r, per_iteration, iteration_time_s)
+    return per_iteration

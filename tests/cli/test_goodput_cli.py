@@ -63,3 +63,12 @@ def test_search_ranks_by_expected_days():
     assert keys == sorted(keys)
     assert all(p["goodput"]["expected_days"] >= p["goodput"]["ideal_days"] for p in doc["plans"])
     assert any(a.startswith("--save-interval ") for a in doc["megatron_args"])
+
+
+def test_a_size_the_cluster_data_cannot_finish_still_gets_its_ideal_days():
+    # a million GPUs fail every few minutes on the cluster's own rates: a note, not a refusal, unless a flag asked
+    args = ["plan", "--model", "gpt3-1.3b", "--gpus", "1048576", "--gbs", "1048576", "--tokens", "3e11", "--json"]
+    doc = json.loads(ok(*args).output)
+    assert doc["goodput"] is None and doc["training_days"] > 0
+    assert any(n.startswith("no expected days") for n in doc["notes"])
+    refused(*args, "--async-save", needle="would take more than")
