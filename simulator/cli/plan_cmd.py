@@ -71,7 +71,7 @@ def experts_line(model, plan=None) -> str:
     return text + f"; load imbalance {model.moe_load_imbalance:g} planned for (1 = balanced)"
 
 
-def launch_json(job, save_interval: int | None = None) -> dict:
+def launch_json(job, save_interval: int | None = None, async_save: bool = False) -> dict:
     """The keys that say how to run the job: Megatron flags, environment and notes, the NeMo fragment and
     megatron-core's TransformerConfig / DistributedDataParallelConfig / GPTModel arguments."""
     from simulator.outputs.bridge import bridge_recipe
@@ -85,16 +85,16 @@ def launch_json(job, save_interval: int | None = None) -> dict:
         transformer_config,
     )
 
-    return {"megatron_args": megatron_args(job, save_interval), "megatron_env": megatron_env(job),
+    return {"megatron_args": megatron_args(job, save_interval, async_save), "megatron_env": megatron_env(job),
             "megatron_notes": megatron_notes(job), "nemo_yaml": nemo_yaml(job),
             "transformer_config": transformer_config(job), "ddp_config": ddp_config(job),
             "gpt_model": gpt_model_args(job), "bridge_recipe": bridge_recipe(job)}
 
 
-def render_launch_text(job, save_interval: int | None = None) -> str:
+def render_launch_text(job, save_interval: int | None = None, async_save: bool = False) -> str:
     from simulator.outputs.export import nemo_yaml, render_launch
 
-    return "\nMegatron-LM launch:\n" + render_launch(job, save_interval=save_interval) + "\n\nNeMo config fragment:\n" + nemo_yaml(job)
+    return "\nMegatron-LM launch:\n" + render_launch(job, save_interval=save_interval, async_save=async_save) + "\n\nNeMo config fragment:\n" + nemo_yaml(job)
 
 
 def render(job, est, notes: list[str] = (), goodput=None) -> str:
@@ -250,7 +250,7 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
         doc = plan_json(job, est)
         doc["notes"] = notes
         doc["goodput"] = goodput.model_dump(mode="json") if goodput is not None else None
-        doc.update(launch_json(job, interval))
+        doc.update(launch_json(job, interval, settings.async_save))
         if plots:
             doc["plots"] = plots
         click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
@@ -261,7 +261,7 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
 
             click.echo("\nMegatron-Bridge recipe:\n" + bridge_recipe(job))
         elif show_launch:
-            click.echo(render_launch_text(job, interval))
+            click.echo(render_launch_text(job, interval, settings.async_save))
         if trace_path is not None:
             click.echo(f"\ntrace written to {trace_path}")
         if plots:

@@ -274,7 +274,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
             "rank_by": req.rank_by.value,
             "enumerated": result.enumerated, "pruned_memory": result.pruned_memory,
             "screened": len(result.screened), "simulated": result.simulated, "elapsed_s": result.elapsed_s,
-            **launch_json(job, interval),
+            **launch_json(job, interval, req.goodput.async_save),
             "model": req.model.name, "cluster": req.cluster.name, "num_gpus": gpus,
             "global_batch_size": global_batch_size, **settings_json(req.model, best.plan), "notes": notes,
         }
@@ -326,7 +326,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     else:
         click.echo("the best plan lies outside every measured regime, so its band is widened: "
                    + "; ".join(best.outside_regime_reasons))
-    click.echo(render_launch_text(job, interval).replace("Megatron-LM launch:", "Megatron-LM launch for the best plan:"))
+    click.echo(render_launch_text(job, interval, req.goodput.async_save).replace("Megatron-LM launch:", "Megatron-LM launch for the best plan:"))
     if all_plans:
         click.echo(f"\nEvery plan that fits ({len(rows)}), by closed-form screen time:")
         click.echo(f"{'#':>5}  {'plan':44s} {'screen (s)':>10} {'MFU':>6} {'peak GiB':>9}")

@@ -256,7 +256,7 @@ class Renewal(BaseModel):
         return min(sorted(ks), key=self.expected_s)
 
 
-def _renewal(job: Job, data: Reliability, cost: CheckpointCost, iteration_time_s: float, iterations: float,
+def renewal_of(job: Job, data: Reliability, cost: CheckpointCost, iteration_time_s: float, iterations: float,
              end: str = "value") -> Renewal:
     hours = job.num_gpus / 3600.0
     return Renewal(iteration_time_s=iteration_time_s, iterations=iterations,
@@ -304,7 +304,7 @@ def goodput(job: Job, est: Estimate, settings: GoodputSettings | None = None,
     T = est.iteration_time_s
     iterations = est.tokens / (job.plan.global_batch_size * job.model.seq_length)
     cost = checkpoint_cost(job, storage, settings.async_save)
-    r = _renewal(job, data, cost, T, iterations)
+    r = renewal_of(job, data, cost, T, iterations)
     k = settings.save_interval if settings.save_interval is not None else r.best_interval()
     k = min(k, max(1, math.ceil(iterations)))
     ideal_s = iterations * T
@@ -313,7 +313,7 @@ def goodput(job: Job, est: Estimate, settings: GoodputSettings | None = None,
     corners = []
     for end, t in (("low", est.iteration_time_s_low or T), ("high", est.iteration_time_s_high or T)):
         c = checkpoint_cost(job, storage, settings.async_save, end)
-        corners.append(_renewal(job, data, c, t, iterations, end).expected_s(k) / SECONDS_PER_DAY)
+        corners.append(renewal_of(job, data, c, t, iterations, end).expected_s(k) / SECONDS_PER_DAY)
     unplanned, planned = r.unplanned_per_s, r.planned_per_s
     out = dict(
         ideal_days=ideal_s / SECONDS_PER_DAY, expected_days=expected_s / SECONDS_PER_DAY,
@@ -356,7 +356,7 @@ def effective_iteration_time_s(job: Job, iteration_time_s: float, settings: Good
     settings = settings or GoodputSettings()
     data = settings.reliability(job.cluster.reliability)
     cost = checkpoint_cost(job, settings.storage(job.cluster.storage), settings.async_save)
-    r = _renewal(job, data, cost, iteration_time_s, 1e12)
+    r = renewal_of(job, data, cost, iteration_time_s, 1e12)
     k = settings.save_interval if settings.save_interval is not None else r.best_interval()
     per_iteration = r.expected_segment_s(k) / k * r.planned_stretch()
     _refuse_if_endless(job, r, per_iteration, iteration_time_s)

@@ -12,7 +12,7 @@ from typing import Any
 from simulator.estimator.goodput import (
     GoodputSettings,
     Renewal,
-    _renewal,
+    renewal_of,
     checkpoint_cost,
     goodput,
 )
@@ -44,7 +44,7 @@ def _job(gpus: int) -> Job:
 
 def _at_save_cost(job: Job, est, save_s: float) -> Renewal:
     cost = checkpoint_cost(job, job.cluster.storage, async_save=False)
-    r = _renewal(job, job.cluster.reliability, cost, est.iteration_time_s,
+    r = renewal_of(job, job.cluster.reliability, cost, est.iteration_time_s,
                  TOKENS / (job.plan.global_batch_size * job.model.seq_length))
     return r.model_copy(update=dict(blocking_save_s=save_s))
 

@@ -28,7 +28,7 @@ def test_plan_json_has_a_goodput_object_and_keeps_its_keys():
     assert g["save_interval"] == 300 and not g["save_interval_optimal"] and g["async_save"]
     assert g["ideal_days"] <= g["expected_days"] <= (g["expected_days_high"] or float("inf"))
     assert g["p10_days"] <= g["p50_days"] <= g["p90_days"]
-    assert "--save-interval 300" in doc["megatron_args"]
+    assert "--save-interval 300" in doc["megatron_args"] and "--async-save" in doc["megatron_args"]
     assert "training_days" in doc and "iteration_time_s" in doc  # the keys that were there stay
     no_tokens = json.loads(ok(*PLAN[:-2], "--json").output)
     assert no_tokens["goodput"] is None
