@@ -62,7 +62,9 @@ def render_goodput(g) -> list[str]:
                                                         else "never finishing, at the ends of the declared ranges)")]
     if g.p90_days is not None:
         lines.append(f"  simulated      P10 {g.p10_days:.1f}, P50 {g.p50_days:.1f}, P90 {g.p90_days:.1f} days "
-                     f"({g.simulated_runs} runs, seed {g.seed})")
+                     f"({g.simulated_runs} runs, seed {g.seed}"
+                     + (f"; {g.spare_nodes} spare nodes, a failed node back after its repair, where the closed "
+                        "form has a replacement at hand" if g.spare_nodes is not None else "") + ")")
     elif g.note:
         lines.append(f"  note: {g.note}")
     mtbf = f"one every {g.job_mtbf_hours:.2f} h" if g.job_mtbf_hours else "none unplanned"

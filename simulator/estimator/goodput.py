@@ -257,7 +257,7 @@ class Renewal(BaseModel):
 
 
 def renewal_of(job: Job, data: Reliability, cost: CheckpointCost, iteration_time_s: float, iterations: float,
-             end: str = "value") -> Renewal:
+               end: str = "value") -> Renewal:
     hours = job.num_gpus / 3600.0
     return Renewal(iteration_time_s=iteration_time_s, iterations=iterations,
                    unplanned_per_s=data.rate_per_gpu_hour(end, planned=False) * hours,

@@ -120,7 +120,9 @@ def simulate_run(r, k: int, hardware: tuple[tuple[float, bool, bool, float], ...
     expected = rate * ideal * 1.2 + 1
     if expected > limits.MAX_SIMULATED_INTERRUPTIONS / 10:
         return None
-    runs = settings.runs or int(min(_MAX_RUNS, max(_MIN_RUNS, _EVENT_BUDGET // expected)))
+    # a node's repair is a process of its own: with spares an interruption costs about four times as much
+    budget = _EVENT_BUDGET // (4 if settings.spare_nodes is not None else 1)
+    runs = settings.runs or int(min(_MAX_RUNS, max(_MIN_RUNS, budget // expected)))
     runs = min(runs, max(1, int(limits.MAX_SIMULATED_INTERRUPTIONS // expected)))
     shares = np.array([h[0] for h in hardware]) if hardware else np.ones(1)
     cumulative = np.cumsum(shares) / shares.sum()
