@@ -66,7 +66,7 @@ FILE_FIELDS: dict[str, list[tuple[str, tuple[str, ...], type, str]]] = {
     "iterations": [("run record", ("iteration_times_s",), RunRecord, "length")],
 }
 # Flags no file holds: what to do, not what was run.
-FLAG_ONLY = {"tokens", "top", "budget_s", "workers", "failure_seed", "save_interval", "spare_nodes",
+FLAG_ONLY = {"tokens", "top", "budget_s", "workers", "nnodes", "failure_seed", "save_interval", "spare_nodes",
              # a cluster file holds these as declared ranges in other units (rates per million GPU-hours; each
              # bandwidth's value, low and high), bounded there as the flags are (tests/spec/test_reliability.py)
              "mtbf_gpu_hours", "write_gbps_per_node", "write_gbps"}
