@@ -1,11 +1,12 @@
 """Performance simulator and capacity planner for Megatron-style GPT training: the Python API.
 
-    from simulator import Job, ParallelPlan, estimate, load_cluster, load_model, search, SearchRequest
+    from simulator import Job, ParallelPlan, estimate, goodput, load_cluster, load_model, search, SearchRequest
 
     job = Job(model=load_model("llama3-70b"), cluster=load_cluster("dgx-h100"),
               plan=ParallelPlan(tensor_parallel_size=8, pipeline_parallel_size=4, data_parallel_size=8,
                                 sequence_parallel=True, global_batch_size=512))
     est = estimate(job, tokens=15e12)          # iteration time, MFU, breakdown, memory, days
+    days = goodput(job, est)                   # expected days with failures, checkpoints, restarts; P10-P90
     best = search(SearchRequest(model=job.model, cluster=job.cluster, num_gpus=256,
                                 global_batch_size=512)).best
 
@@ -31,6 +32,8 @@ _API: dict[str, str] = {
     "estimate": "simulator.estimator.prediction", "simulate_job": "simulator.estimator.prediction",
     "Estimate": "simulator.estimator.prediction",
     "memory_plan": "simulator.estimator.memory",
+    "goodput": "simulator.estimator.goodput", "GoodputSettings": "simulator.estimator.goodput",
+    "GoodputEstimate": "simulator.estimator.goodput",
     "search": "simulator.planner.plan_search", "SearchRequest": "simulator.planner.plan_search",
     "SearchPins": "simulator.planner.plan_search", "SearchResult": "simulator.planner.plan_search",
     "write_trace": "simulator.outputs.trace",

@@ -1,4 +1,4 @@
-"""Speed benchmarks: `python -m simulator.bench [evaluation|engine|search|sweep|all]`.
+"""Speed benchmarks: `python -m simulator.bench [evaluation|engine|search|sweep|goodput|all]`.
 
 Speed is a feature of a planner (a search evaluates thousands of plans), so it is measured here,
 not asserted in a timed test. Each figure is the median of several runs on this machine.
@@ -167,6 +167,28 @@ def bench_sweep() -> None:
         print(line + f", on local Ray in {time.perf_counter() - t0:.1f} s; rows equal: {on_ray == local}")
 
 
+def bench_goodput() -> None:
+    """The simulation of a whole run with failures: 90 days of compute on 100,000 H100, every interruption played."""
+    from simulator.estimator.goodput import GoodputSettings, Renewal, component_mix
+    from simulator.estimator.goodput_sim import simulate_run
+
+    cluster = load_cluster("dgx-h100")
+    data, gpus, iteration_s = cluster.reliability, 100_000, 5.0
+    r = Renewal(iteration_time_s=iteration_s, iterations=90 * 86400 / iteration_s,
+                unplanned_per_s=data.rate_per_gpu_hour() * gpus / 3600,
+                planned_per_s=data.rate_per_gpu_hour(planned=True) * gpus / 3600,
+                blocking_save_s=10.0, durable_lag_s=0.0, restart_s=400.0)
+    k = r.best_interval()
+    for label, settings in (("default runs", GoodputSettings()), ("hot spares, 64 nodes", GoodputSettings(spare_nodes=64))):
+        t0 = time.perf_counter()
+        sim = simulate_run(r, k, component_mix(data), settings)
+        elapsed = time.perf_counter() - t0
+        print(f"goodput: 90 days on {gpus:,} H100, {label}: {sim.runs} runs of {sim.interruptions_per_run:,.0f} "
+              f"interruptions in {elapsed:.2f} s ({elapsed / sim.runs * 1e3:.0f} ms per run); P10 / P50 / P90 "
+              f"{sim.p10_days:.1f} / {sim.p50_days:.1f} / {sim.p90_days:.1f} days, closed form "
+              f"{r.expected_s(k) / 86400:.1f}")
+
+
 def main(argv: list[str]) -> None:
     what = argv[0] if argv else "all"
     if what in ("evaluation", "all"):
@@ -177,6 +199,8 @@ def main(argv: list[str]) -> None:
         bench_search()
     if what in ("sweep", "all"):
         bench_sweep()
+    if what in ("goodput", "all"):
+        bench_goodput()
 
 
 if __name__ == "__main__":

@@ -19,9 +19,10 @@ def test_import_simulator_loads_nothing_heavy():
 
 # The public names of ``from simulator import ...``: a contract, so names are added, never dropped.
 PUBLIC_NAMES = (
-    "ClusterSpec", "ConfigError", "Estimate", "InfeasiblePlanError", "Job", "ModelSpec", "ParallelPlan",
-    "RecomputePolicy", "SearchPins", "SearchRequest", "SearchResult", "SimulatorError", "estimate", "load_cluster",
-    "load_model", "load_profile", "memory_plan", "search", "simulate_job", "write_trace",
+    "ClusterSpec", "ConfigError", "Estimate", "GoodputEstimate", "GoodputSettings", "InfeasiblePlanError", "Job",
+    "ModelSpec", "ParallelPlan", "RecomputePolicy", "SearchPins", "SearchRequest", "SearchResult", "SimulatorError",
+    "estimate", "goodput", "load_cluster", "load_model", "load_profile", "memory_plan", "search", "simulate_job",
+    "write_trace",
 )
 
 

@@ -66,7 +66,10 @@ FILE_FIELDS: dict[str, list[tuple[str, tuple[str, ...], type, str]]] = {
     "iterations": [("run record", ("iteration_times_s",), RunRecord, "length")],
 }
 # Flags no file holds: what to do, not what was run.
-FLAG_ONLY = {"tokens", "top", "budget_s", "workers"}
+FLAG_ONLY = {"tokens", "top", "budget_s", "workers", "nnodes", "failure_seed", "save_interval", "spare_nodes",
+             # a cluster file holds these as declared ranges in other units (rates per million GPU-hours; each
+             # bandwidth's value, low and high), bounded there as the flags are (tests/spec/test_reliability.py)
+             "mtbf_gpu_hours", "write_gbps_per_node", "write_gbps"}
 # A bound a file field does not carry yet (the flag's is the only one).
 NOT_YET: dict[tuple[str, str], str] = {}  # (flag parameter, side) -> why its file field does not share the bound yet
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from simulator.cli.goodput_options import goodput_options, goodput_settings, render_goodput
 from simulator.cli.megatron_input import MegatronAwareCommand, job_from_megatron, megatron_options
 from simulator.cli.options import (
     TOKENS,
@@ -29,6 +30,7 @@ Examples:
   simulator plan ... --trace iteration.json     # open in https://ui.perfetto.dev
   simulator plan ... --plots figures/            # timeline, stage memory, memory vs micro-batch, ...
   simulator plan ... --launch                     # the Megatron-LM launch and NeMo fragment that run it
+  simulator plan ... --tokens 15e12 --async-save --mtbf-gpu-hours 25000   # expected days with failures
   simulator plan --cluster dgx-h100 --megatron-args run.sh          # predict an existing launch
   simulator plan --gpus 64 --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 \\
       --tensor-model-parallel-size 8 --bf16          # Megatron's flags work here too
@@ -69,7 +71,7 @@ def experts_line(model, plan=None) -> str:
     return text + f"; load imbalance {model.moe_load_imbalance:g} planned for (1 = balanced)"
 
 
-def launch_json(job) -> dict:
+def launch_json(job, save_interval: int | None = None, async_save: bool = False) -> dict:
     """The keys that say how to run the job: Megatron flags, environment and notes, the NeMo fragment and
     megatron-core's TransformerConfig / DistributedDataParallelConfig / GPTModel arguments."""
     from simulator.outputs.bridge import bridge_recipe
@@ -83,19 +85,19 @@ def launch_json(job) -> dict:
         transformer_config,
     )
 
-    return {"megatron_args": megatron_args(job), "megatron_env": megatron_env(job),
+    return {"megatron_args": megatron_args(job, save_interval, async_save), "megatron_env": megatron_env(job),
             "megatron_notes": megatron_notes(job), "nemo_yaml": nemo_yaml(job),
             "transformer_config": transformer_config(job), "ddp_config": ddp_config(job),
             "gpt_model": gpt_model_args(job), "bridge_recipe": bridge_recipe(job)}
 
 
-def render_launch_text(job) -> str:
+def render_launch_text(job, save_interval: int | None = None, async_save: bool = False) -> str:
     from simulator.outputs.export import nemo_yaml, render_launch
 
-    return "\nMegatron-LM launch:\n" + render_launch(job) + "\n\nNeMo config fragment:\n" + nemo_yaml(job)
+    return "\nMegatron-LM launch:\n" + render_launch(job, save_interval=save_interval, async_save=async_save) + "\n\nNeMo config fragment:\n" + nemo_yaml(job)
 
 
-def render(job, est, notes: list[str] = ()) -> str:
+def render(job, est, notes: list[str] = (), goodput=None) -> str:
     from simulator.estimator.prediction import assert_finite
     from simulator.outputs.describe import run_settings
 
@@ -144,6 +146,8 @@ def render(job, est, notes: list[str] = ()) -> str:
     if est.training_days is not None:
         lines += [f"training         {est.training_days:9.1f} days for {est.tokens:.3g} tokens "
                   f"({est.gpu_hours:,.0f} GPU-hours)" + _band(est.training_days_low, est.training_days_high, "days", 1)]
+    if goodput is not None:
+        lines += render_goodput(goodput)
     if est.iteration_time_s_low is not None:
         if est.validation_regime is not None:
             lines += ["", f"band: the model's error on the measured runs of its regime ({est.validation_regime}), "
@@ -197,6 +201,7 @@ def _band(low: float | None, high: float | None, unit: str, digits: int) -> str:
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write the plan's figures (PNG) into this folder: timeline, stage memory, memory vs "
                    "micro-batch, memory by strategy, time breakdown, and predicted vs measured.")
+@goodput_options
 @require_fit_option
 def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, plots_dir=None, show_launch=None,
                  nnodes=None, **kwargs):
@@ -215,11 +220,23 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
         else:
             job = job_from_options(**{**kwargs, "gpus": gpus_of_nodes(kwargs, nnodes)})
     notes = launch_notes + notes
+    settings = goodput_settings(kwargs)
     profile = load_profile(profile_path) if profile_path else None
     from simulator.estimator.band import with_band
 
     sim = simulate_job(job, profile, tokens=tokens, record=trace_path is not None or plots_dir is not None)
     est = with_band(job, sim.estimate, profile)
+    goodput = None
+    if tokens is not None:
+        from simulator.estimator.goodput import EndlessRunError, goodput as expected_days
+
+        try:
+            goodput = expected_days(job, est, settings)
+        except EndlessRunError as exc:
+            if settings != type(settings)():
+                raise  # what the flags asked for has no answer
+            notes.append(f"no expected days: {exc}")  # the cluster's own data: the ideal days still stand
+    interval = goodput.save_interval if goodput is not None else settings.save_interval
     if trace_path is not None:
         from simulator.outputs.trace import write_trace
 
@@ -232,18 +249,19 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
     if as_json:
         doc = plan_json(job, est)
         doc["notes"] = notes
-        doc.update(launch_json(job))
+        doc["goodput"] = goodput.model_dump(mode="json") if goodput is not None else None
+        doc.update(launch_json(job, interval, settings.async_save))
         if plots:
             doc["plots"] = plots
         click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
     else:
-        click.echo(render(job, est, notes))
+        click.echo(render(job, est, notes, goodput))
         if show_launch == "bridge":
             from simulator.outputs.bridge import bridge_recipe
 
             click.echo("\nMegatron-Bridge recipe:\n" + bridge_recipe(job))
         elif show_launch:
-            click.echo(render_launch_text(job))
+            click.echo(render_launch_text(job, interval, settings.async_save))
         if trace_path is not None:
             click.echo(f"\ntrace written to {trace_path}")
         if plots:

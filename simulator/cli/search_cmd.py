@@ -23,6 +23,7 @@ from simulator.cli.options import (
     plan_fields,
     with_load_imbalance,
 )
+from simulator.cli.goodput_options import goodput_options, goodput_settings, render_goodput
 from simulator.cli.plan_cmd import experts_line, launch_json, plan_json, render_launch_text
 from simulator.spec import limits
 from simulator.spec.plan import Precision, RecomputeGranularity
@@ -60,6 +61,22 @@ def _describe(plan) -> str:
             + (f"x{plan.virtual_pipeline_stages}" if plan.interleaved else "")
             + f" DP{plan.data_parallel_size} mbs{plan.micro_batch_size} SP{'+' if plan.sequence_parallel else '-'} "
             + f"{rec}{sharding[plan.sharding.value]}")
+
+
+def _goodputs(req, result, tokens) -> list:
+    """Each listed plan's expected days (the best plan's simulated too), or [] without --tokens."""
+    if tokens is None:
+        return []
+    from simulator.estimator.goodput import EndlessRunError, goodput
+    from simulator.spec.plan import Job
+
+    try:
+        return [goodput(Job.model_construct(model=req.model, cluster=req.cluster, plan=r.plan), r.estimate, req.goodput,
+                        simulate=i == 0) for i, r in enumerate(result.plans)]
+    except EndlessRunError:
+        if req.goodput != type(req.goodput)():
+            raise
+        return []  # the cluster's own failure rates leave no expected days at this size: the ideal ones stand
 
 
 def check_pins(req, attention_backend: str | None = None, use_flash_attention: bool = False) -> None:
@@ -115,9 +132,11 @@ def check_pins(req, attention_backend: str | None = None, use_flash_attention: b
               help="Sequences per iteration.")
 @click.option("--tokens", type=TOKENS, default=None, help="Training tokens, for days (e.g. 300e9).")
 @click.option("--top", type=BoundedInt(1, limits.MAX_TOP), default=5, show_default=True, help="Plans to list.")
-@click.option("--rank-by", "rank_by", type=click.Choice(["upper", "point"]), default="upper", show_default=True,
+@click.option("--rank-by", "rank_by", type=click.Choice(["upper", "point", "expected-days"]), default="upper",
+              show_default=True,
               help="Order plans by the slow end of their band (the plan most likely to deliver: a plan outside every "
-                   "measured regime, or faster than any measured run, pays for it) or by the predicted time alone.")
+                   "measured regime, or faster than any measured run, pays for it), by the predicted time alone, or "
+                   "by the expected days with failures, checkpoints and restarts (expected-days).")
 @click.option("--tensor-model-parallel-size", "--tp", "tp", type=PARALLEL_SIZE, default=None, help="Pin TP.")
 @click.option("--pipeline-model-parallel-size", "--pp", "pp", type=PARALLEL_SIZE, default=None, help="Pin PP.")
 @click.option("--virtual-pipeline-model-parallel-size", "--vpp", "vpp", type=VIRTUAL_STAGES, default=None,
@@ -164,11 +183,12 @@ def check_pins(req, attention_backend: str | None = None, use_flash_attention: b
                    "TP x PP heat map, MFU and days vs GPUs, and the best plan's figures.")
 @click.option("--html", "html_path", type=OutputFile("HTML page", (".html", ".htm")), default=None,
               help="Write an interactive HTML page (one offline file; needs the 'html' extra, plotly).")
+@goodput_options
 def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, top, tp, pp, vpp, mbs, cp, fp8, sp,
                    recompute, dopt,
                    precision, backend, flash, overlap, profile_path, pareto_path, trace_path, as_json, all_plans=False,
                    csv_path=None, plots_dir=None, html_path=None, ep=None, etp=None, moe_load_imbalance=None,
-                   rank_by="upper"):
+                   rank_by="upper", **goodput_flags):
     """Search every valid plan (TP, PP, virtual stages, micro-batch, SP, recompute, distributed optimizer)
     for the fastest that fits in GPU memory. For mixture-of-experts models MFU and days count the active
     parameters (the experts a token is routed to), not every expert."""
@@ -190,7 +210,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
                   use_distributed_optimizer=dopt, context_parallel_size=cp,
                   expert_model_parallel_size=ep, expert_tensor_parallel_size=etp),
         fp8_format=fp8, precision=precision, use_flash_attention=flash or backend not in ("unfused", "local"),
-        overlap_grad_reduce=overlap, rank_by=rank_by,
+        overlap_grad_reduce=overlap, rank_by=rank_by, goodput=goodput_settings(goodput_flags),
     ), "search")
     check_pins(req, backend, flash)
     profile = load_profile(profile_path) if profile_path else None
@@ -214,6 +234,8 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
         bar.close()
     best = result.best
     job = Job(model=req.model, cluster=req.cluster, plan=best.plan)
+    goodputs = _goodputs(req, result, tokens)
+    interval = goodputs[0].save_interval if goodputs else req.goodput.save_interval
     if pareto_path is not None:
         from simulator.outputs.figure_data import pareto_data
         from simulator.outputs.plots import pareto_figure
@@ -246,12 +268,13 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
                        "rank": r.rank, "screen_time_s": r.screen_time_s, "within_band_of_best": r.within_band_of_best,
                        "iteration_time_s_low": r.iteration_time_s_low, "iteration_time_s_high": r.iteration_time_s_high,
                        "validation_regime": r.validation_regime,
-                       "outside_regime_reasons": list(r.outside_regime_reasons), "rank_key_s": r.rank_key_s}
-                      for r in result.plans],
+                       "outside_regime_reasons": list(r.outside_regime_reasons), "rank_key_s": r.rank_key_s,
+                       "goodput": goodputs[i].model_dump(mode="json") if goodputs else None}
+                      for i, r in enumerate(result.plans)],
             "rank_by": req.rank_by.value,
             "enumerated": result.enumerated, "pruned_memory": result.pruned_memory,
             "screened": len(result.screened), "simulated": result.simulated, "elapsed_s": result.elapsed_s,
-            **launch_json(job),
+            **launch_json(job, interval, req.goodput.async_save),
             "model": req.model.name, "cluster": req.cluster.name, "num_gpus": gpus,
             "global_batch_size": global_batch_size, **settings_json(req.model, best.plan), "notes": notes,
         }
@@ -274,15 +297,15 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
         click.echo(experts_line(req.model))
     click.echo("")
     header = (f"{'#':>2}  {'plan':44s} {'iter (s)':>9} {'band (s)':>13} {'MFU':>6} {'peak GiB':>9}"
-              + (f" {'days':>7}" if tokens else ""))
+              + (f" {'days':>7}" if tokens else "") + (f" {'expected':>9}" if goodputs else ""))
     click.echo(header)
-    for r in result.plans:
+    for r, g in zip(result.plans, goodputs or [None] * len(result.plans)):
         e = r.estimate
         band = f"{r.iteration_time_s_low:.2f}-{r.iteration_time_s_high:.2f}" if r.iteration_time_s_low else ""
         row = (f"{r.rank:2d}  {_describe(r.plan):44s} {e.iteration_time_s:9.2f} {band:>13} {e.mfu * 100:5.1f}% "
                f"{format_gib(e.memory.peak_bytes, 1):>9}")
         if tokens:
-            row += f" {e.training_days:7.1f}"
+            row += f" {e.training_days:7.1f}" + (f" {g.expected_days:9.1f}" if g is not None else "")
         marks = ("=" if r.within_band_of_best else "") + ("!" if e.outside_validated_range else "")
         click.echo(row + (f"  {marks}" if marks else ""))
     if any(r.within_band_of_best for r in result.plans):
@@ -291,15 +314,19 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     outside = [r for r in result.plans if r.estimate.outside_validated_range]
     if outside:
         click.echo(f"! {outside[0].estimate.validation_note}")
-    click.echo("ranked by " + ("the slow end of each plan's band (--rank-by point: by the time alone)"
-                               if req.rank_by.value == "upper" else "the predicted time (--rank-by upper: by the band's "
-                                                                    "slow end)"))
+    click.echo("ranked by " + {"upper": "the slow end of each plan's band (--rank-by point: by the time alone)",
+                               "point": "the predicted time (--rank-by upper: by the band's slow end)",
+                               "expected-days": "the expected days with failures, checkpoints and restarts (the "
+                                                "iteration time over the run's ETTR)"}[req.rank_by.value])
+    if goodputs:
+        click.echo("expected: days with failures, checkpoints and restarts; the best plan's:"
+                   + "\n".join(render_goodput(goodputs[0])))
     if best.validation_regime is not None:
         click.echo(f"the best plan lies in a measured regime: {best.validation_regime}")
     else:
         click.echo("the best plan lies outside every measured regime, so its band is widened: "
                    + "; ".join(best.outside_regime_reasons))
-    click.echo(render_launch_text(job).replace("Megatron-LM launch:", "Megatron-LM launch for the best plan:"))
+    click.echo(render_launch_text(job, interval, req.goodput.async_save).replace("Megatron-LM launch:", "Megatron-LM launch for the best plan:"))
     if all_plans:
         click.echo(f"\nEvery plan that fits ({len(rows)}), by closed-form screen time:")
         click.echo(f"{'#':>5}  {'plan':44s} {'screen (s)':>10} {'MFU':>6} {'peak GiB':>9}")

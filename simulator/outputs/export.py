@@ -125,8 +125,10 @@ def window_string(window: int) -> str:
     return f"({window},0)"
 
 
-def megatron_args(job: Job) -> list[str]:
-    """``pretrain_gpt.py`` arguments for the model and plan, one flag (with its value) per string."""
+def megatron_args(job: Job, save_interval: int | None = None, async_save: bool = False) -> list[str]:
+    """``pretrain_gpt.py`` arguments for the model and plan, one flag (with its value) per string; with
+    ``save_interval``, the checkpoint interval in iterations (``simulator.estimator.goodput``), and with
+    ``async_save`` Megatron's asynchronous save."""
     m, p = job.model, job.plan
     args = [
         f"--num-layers {m.num_layers}",
@@ -206,7 +208,12 @@ def megatron_args(job: Job) -> list[str]:
         args.append("--accumulate-allreduce-grads-in-fp32")
     if p.fp8_format is not None:
         args += [f"--fp8-format {p.fp8_format.value}", "--transformer-impl transformer_engine"]
-    return args + _state_dtype_args(job)
+    args += _state_dtype_args(job)
+    if save_interval is not None:
+        args.append(f"--save-interval {save_interval}")
+    if async_save:
+        args.append("--async-save")
+    return args
 
 
 def _state_dtype_args(job: Job) -> list[str]:
@@ -292,18 +299,18 @@ def _moe_notes(job: Job) -> list[str]:
     return notes
 
 
-def launch_lines(job: Job) -> list[str]:
+def launch_lines(job: Job, save_interval: int | None = None, async_save: bool = False) -> list[str]:
     """The launch as shell lines: the environment, then torchrun with every flag."""
     nodes, per_node = node_shape(job)
     env = " ".join(f"{k}={v}" for k, v in megatron_env(job).items())
     head = (f"{env} " if env else "") + f"torchrun --nnodes {nodes} --nproc-per-node {per_node} pretrain_gpt.py"
-    return [head, *megatron_args(job)]
+    return [head, *megatron_args(job, save_interval, async_save)]
 
 
-def render_launch(job: Job, indent: str = "  ") -> str:
+def render_launch(job: Job, indent: str = "  ", save_interval: int | None = None, async_save: bool = False) -> str:
     """The launch for a person: comment lines for the notes, then the command with continuations."""
     notes = [f"{indent}# {n}" for n in megatron_notes(job)]
-    return "\n".join(notes + [indent + f" \\\n{indent}  ".join(launch_lines(job))])
+    return "\n".join(notes + [indent + f" \\\n{indent}  ".join(launch_lines(job, save_interval, async_save))])
 
 
 def _yaml(value: Any) -> str:

@@ -74,6 +74,10 @@ def search_data(kind: str, result: SearchResult, req: SearchRequest, profile=Non
 
 
 def draw(kind: str, data: dict[str, Any], path: Path) -> dict[str, Any]:
+    if kind == "goodput":  # the report's figure of days with failures, drawn in its own module
+        from simulator.outputs.plots_goodput import goodput_figure
+
+        return goodput_figure(data, path)
     from simulator.outputs.plots import draw as draw_figure
 
     return draw_figure(kind, data, path)

@@ -238,7 +238,7 @@ def _claims() -> tuple[list[str], dict]:
 # README_ORDER.
 
 README_ORDER = ("decomposition", "search_figures", "validation", "figure8", "figures_1_7", "parity", "claims", "memory",
-                "timeline", "scaling", "trust", "moe")
+                "timeline", "scaling", "trust", "moe", "goodput")
 
 
 def _step_decomposition(_: dict) -> dict:
@@ -278,7 +278,7 @@ def _step_validation(deps: dict) -> dict:
 def steps(html: bool = False) -> list[Step]:
     """The report's steps, each after the steps it reads."""
     from simulator.outputs import report_figures as rf
-    from simulator.outputs import report_moe
+    from simulator.outputs import report_goodput, report_moe
 
     scenarios = [[s.model, s.gpus, s.global_batch_size, s.standard_pp] for s in SCENARIOS]
     out = [
@@ -294,6 +294,7 @@ def steps(html: bool = False) -> list[Step]:
         Step("scaling", rf.step_scaling, params=[list(GPU_COUNTS), TOKENS]),
         Step("trust", _step_trust, deps=("decomposition",)),
         Step("moe", report_moe.step_moe),
+        Step("goodput", report_goodput.step_goodput),
     ]
     if html:
         out.append(Step("html", rf.step_html, deps=("decomposition",)))

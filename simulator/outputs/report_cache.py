@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 PACKAGE = Path(__file__).resolve().parent.parent
 REPO = PACKAGE.parent
-DRAWING = ("outputs/plots.py",)  # keyed with the figures, not with the numbers
+DRAWING = ("outputs/plots.py", "outputs/plots_goodput.py")  # keyed with the figures, not with the numbers
 DATA = ("hardware_specs/**/*.yaml", "calibration/profiles/*.json", "calibration/published/**/*",
         "calibration/reference/*.yaml", "reports/cpu-validation/*.json")
 LIBRARIES = ("numpy", "scipy", "simpy", "networkx", "pydantic")
@@ -138,7 +138,7 @@ class ReportCache:
             shutil.copyfile(png, path)
             self.hits.append(f"figure {name}")
             return summary
-        from simulator.outputs.plots import draw
+        from simulator.outputs.figures import draw
 
         summary = json.loads(json.dumps(draw(kind, data, path)))
         if png is not None:

@@ -11,7 +11,9 @@ Three tiers, cheapest first, as NeMo's hyper-parameter tool narrows its grid:
    candidate becomes a pydantic plan only once it fits;
 3. simulate the finalists with the discrete-event engine and rank them: by default by the slow end of
    their band (``SearchRequest.rank_by``), so that a plan outside every regime the measured runs cover,
-   or faster than any of them ran, pays for what nothing vouches for; or by the iteration time alone.
+   or faster than any of them ran, pays for what nothing vouches for; or by the iteration time alone; or by
+   the expected days of the run, its iteration time over its ETTR (failures, checkpoints, restarts), where a
+   plan whose checkpoint is larger or slower to load pays for it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Callable, Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.estimator.band import Band, banded, corners_by, widened
+from simulator.estimator.goodput import effective_iteration_time_s
 from simulator.estimator.prediction import Estimate, simulate_job
 from simulator.estimator.regime import narrowest_half_width, regime_of
 from simulator.planner.memo import SearchMemo, peak_bytes
@@ -69,7 +72,8 @@ class RankedPlan(BaseModel):
         None, description="The measured regime the plan lies in (GPU kind and the sets measured on it); None outside.")
     outside_regime_reasons: tuple[str, ...] = Field((), description="Why the plan lies outside every measured regime.")
     rank_key_s: float | None = Field(
-        None, description="What the plan was ranked by: the band's slow end (rank_by upper) or its iteration time.")
+        None, description="What the plan was ranked by: the band's slow end (rank_by upper), its iteration time "
+                          "(point), or its wall seconds per useful iteration with failures (expected-days).")
 
 
 class ScreenedPlan(BaseModel):
@@ -171,7 +175,7 @@ def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: lis
         job = Job.model_construct(model=req.model, cluster=req.cluster, plan=cand.plan)
         low, high, regime = widened(job, t, est.mfu, min(t, fast, slow), max(t, fast, slow))
         b = Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=own.drivers, regime=regime)
-        rows.append((high if req.rank_by is RankBy.upper else t, banded(est, b), cand, layout, own))
+        rows.append((_rank_key(req, job, t, high), banded(est, b), cand, layout, own))
     rows.sort(key=lambda r: (r[0], r[1].iteration_time_s))  # stable: ties keep the engine's order
     best = rows[0][4]
 
@@ -192,6 +196,15 @@ def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: lis
                               validation_regime=est.validation_regime,
                               outside_regime_reasons=est.outside_regime_reasons, rank_key_s=key))
     return out
+
+
+def _rank_key(req: SearchRequest, job: Job, iteration_time_s: float, high: float | None) -> float:
+    """What a plan is ranked by, in seconds, never below its iteration time (the search's pruning relies on it)."""
+    if req.rank_by is RankBy.upper:
+        return high
+    if req.rank_by is RankBy.expected_days:
+        return effective_iteration_time_s(job, iteration_time_s, req.goodput)
+    return iteration_time_s
 
 
 def search(req: SearchRequest, profile=None, tokens: float | None = None, top: int = 10,
@@ -275,8 +288,9 @@ def _search(req: SearchRequest, profile, tokens: float | None, top: int,
             continue  # its regime's band alone keeps it out of the top
         est = simulate_job(job, profile, tokens).estimate
         simulated += 1
-        key = (widened(job, est.iteration_time_s, est.mfu, est.iteration_time_s, est.iteration_time_s)[1]
-               if req.rank_by is RankBy.upper else est.iteration_time_s)
+        key = _rank_key(req, job, est.iteration_time_s,
+                        widened(job, est.iteration_time_s, est.mfu, est.iteration_time_s, est.iteration_time_s)[1]
+                        if req.rank_by is RankBy.upper else None)
         ranked.append((key, est, cand, layout))
         ranked.sort(key=lambda r: (r[0], r[1].iteration_time_s))
         if progress is not None:

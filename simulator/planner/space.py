@@ -15,6 +15,7 @@ from typing import Iterator, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from simulator.estimator.goodput import GoodputSettings
 from simulator.spec.hardware import ClusterSpec
 from simulator.spec._io import build
 from simulator.spec.limits import (
@@ -69,6 +70,7 @@ class RankBy(str, Enum):
 
     upper = "upper"  # the band's slow end: the plan most likely to deliver, measured error and regime counted
     point = "point"  # the predicted iteration time alone
+    expected_days = "expected-days"  # the iteration time over the run's ETTR: failures, saves and restarts counted
 
 
 class SearchRequest(BaseModel):
@@ -87,7 +89,10 @@ class SearchRequest(BaseModel):
     finalists: int = Field(16, gt=0, description="Plans the engine simulates after the closed-form screen.")
     rank_by: RankBy = Field(RankBy.upper, description="Order plans by the band's slow end (upper: a plan outside "
                                                       "every measured regime, or above the best measured MFU, pays "
-                                                      "for it) or by the predicted time alone (point).")
+                                                      "for it), by the predicted time alone (point), or by the "
+                                                      "expected days with failures, saves and restarts "
+                                                      "(expected-days: the time over the run's ETTR).")
+    goodput: GoodputSettings = Field(GoodputSettings(), description="Failures and checkpoints, for expected days.")
 
 
 class Candidate(NamedTuple):

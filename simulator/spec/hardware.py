@@ -16,6 +16,7 @@ from hardware_specs import SPEC_DIR
 from simulator.spec import limits
 from simulator.spec._io import build, exists, read_mapping
 from simulator.spec.errors import ConfigError
+from simulator.spec.reliability import DEFAULT_RELIABILITY, Reliability, StorageSpec, load_reliability
 
 GIB = 1024**3
 
@@ -39,7 +40,8 @@ def _require_sources(spec: BaseModel, sources: dict[str, str]) -> None:
     missing = [
         name
         for name, field in type(spec).model_fields.items()
-        if name not in {"name", "sources", "gpu", "architecture", "nvswitch", "fabric", "asynchronous"}
+        if name not in {"name", "sources", "gpu", "architecture", "nvswitch", "fabric", "asynchronous", "storage",
+                        "reliability"}
         and getattr(spec, name) is not None
         and name not in sources
     ]
@@ -117,6 +119,13 @@ class ClusterSpec(BaseModel):
         None, gt=0, le=limits.MAX_GPUS_PER_NODE,
         description="Nodes that share one machine's caches, memory and power (the cores of a CPU standing in for "
                     "nodes); None: every node is its own machine.")
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec, description="Where checkpoints go: bandwidth per node and in aggregate, each "
+                                                 "declared with its range and source.")
+    reliability: Reliability = Field(
+        default_factory=lambda: load_reliability(DEFAULT_RELIABILITY),
+        description="Interruption rates of the parts and restart costs (in a cluster file, a preset name under "
+                    "hardware_specs/reliability/ or the fields themselves).")
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -183,4 +192,6 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
     data = read_mapping(path, "cluster spec")
     if isinstance(data.get("gpu"), str):
         data["gpu"] = load_gpu(data["gpu"]).model_dump(mode="json")
+    if isinstance(data.get("reliability"), str):
+        data["reliability"] = load_reliability(data["reliability"]).model_dump(mode="json")
     return build(ClusterSpec, data, f"cluster spec {str(path)!r}", strict=True)

@@ -118,6 +118,30 @@ MAX_THREADS = 1_024
 MAX_CORES = 1_048_576
 """CPU cores of one machine, as ``os.cpu_count()`` reports them (2**20)."""
 
+# --- failures and checkpoints (simulator.estimator.goodput) ---------------------------------------
+
+MAX_MTBF_GPU_HOURS = 1e9
+"""One GPU's mean time between interruptions, GPU-hours (``--mtbf-gpu-hours``): 100,000 years, past which a job
+of any size the simulator accepts sees none; published fleets give tens of thousands (Llama 3: about 50,000)."""
+
+MAX_SAVE_INTERVAL = 2**31 - 1
+"""Iterations between checkpoints (``--save-interval``): Megatron reads it as a C int."""
+
+MAX_SPARE_NODES = MAX_GPUS
+"""Hot spare nodes kept beside the job (``--spare-nodes``): no more than the GPUs of the largest job."""
+
+MAX_SLOWDOWN_BY_FAILURES = 100.0
+"""Expected days over ideal days past which a job is refused: it fails more often than it can restart and save,
+so it would almost never finish (the expectation grows as e^(restart / MTBF))."""
+
+MAX_SIMULATED_INTERRUPTIONS = 2_000_000
+"""Interruptions the simulation plays over all its runs (about 5 microseconds each); a job expected to see more
+in one run than a tenth of this is not simulated (its spread is then under a percent, the closed form's
+mean holds)."""
+
+MAX_GOODPUT_RUNS = 10_000
+"""Runs of the whole job the simulation plays for its percentiles."""
+
 # --- files ---------------------------------------------------------------------------------------
 
 MAX_INPUT_FILE_BYTES = 16 * 1024 * 1024
