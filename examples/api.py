@@ -20,6 +20,7 @@ from simulator import (
     estimate,
     load_cluster,
     load_model,
+    plan_name,
     search,
     simulate_job,
     write_trace,
@@ -49,12 +50,9 @@ def main(out: Path | None) -> None:
                                   use_flash_attention=True), tokens=TOKENS, top=3)
     print(f"search: {result.enumerated} plans, {len(result.screened)} fit, {result.simulated} simulated")
     for ranked in result.plans:
-        p, e = ranked.plan, ranked.estimate
-        print(f"  #{ranked.rank}: TP {p.tensor_parallel_size} PP {p.pipeline_parallel_size} "
-              f"DP {p.data_parallel_size} mbs {p.micro_batch_size} SP {'on' if p.sequence_parallel else 'off'} "
-              f"recompute {p.recompute.granularity.value}"
-              f"{' distributed-optimizer' if p.use_distributed_optimizer else ''}: "
-              f"{e.iteration_time_s:.3f} s, MFU {e.mfu:.1%}")
+        e = ranked.estimate
+        print(f"  #{ranked.rank}: {plan_name(ranked.plan)}: {e.iteration_time_s:.3f} s, MFU {e.mfu:.1%}, "
+              f"{e.training_days:.1f} days (band {e.training_days_low:.1f}-{e.training_days_high:.1f})")
 
     if out is not None:
         from simulator.outputs.figures import plan_data

@@ -29,6 +29,7 @@ _API: dict[str, str] = {
     "load_cluster": "simulator.spec.hardware", "ClusterSpec": "simulator.spec.hardware",
     "load_profile": "simulator.cost.profile",
     "ParallelPlan": "simulator.spec.plan", "RecomputePolicy": "simulator.spec.plan", "Job": "simulator.spec.plan",
+    "plan_name": "simulator.spec.plan_names",
     "estimate": "simulator.estimator.prediction", "simulate_job": "simulator.estimator.prediction",
     "Estimate": "simulator.estimator.prediction",
     "memory_plan": "simulator.estimator.memory",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from simulator.cli.options import plan_options
+from simulator.cli.options import TOKENS, plan_options
 from simulator.outputs.figures import KINDS, PLAN_KINDS, SEARCH_KINDS
 
 EXAMPLES = """
@@ -33,7 +33,9 @@ Predicted vs measured for every validation data set in the repository:
 _PINS = {"tensor_parallel_size": "tensor_parallel_size", "pipeline_parallel_size": "pipeline_parallel_size",
          "virtual_pipeline_stages": "virtual_pipeline_stages", "micro_batch_size": "micro_batch_size",
          "sequence_parallel": "sequence_parallel", "recompute_granularity": "recompute_granularity",
-         "use_distributed_optimizer": "use_distributed_optimizer"}
+         "use_distributed_optimizer": "use_distributed_optimizer", "context_parallel_size": "context_parallel_size",
+         "expert_model_parallel_size": "expert_model_parallel_size",
+         "expert_tensor_parallel_size": "expert_tensor_parallel_size"}
 
 
 def _steps(value: str | None) -> tuple[int, int] | None:
@@ -74,7 +76,8 @@ def _search(ctx: click.Context, options: dict, top: int, profile):
                         pins=SearchPins(**{_PINS[k]: v for k, v in given.items()}), precision=options["precision"],
                         use_flash_attention=bool(options.get("use_flash_attention"))
                         or options.get("attention_backend") not in ("unfused", "local"),
-                        overlap_grad_reduce=options["overlap_grad_reduce"])
+                        attention_backend=None if options.get("use_flash_attention") else options.get("attention_backend"),
+                        overlap_grad_reduce=options["overlap_grad_reduce"], fp8_format=options.get("fp8_format"))
     return req, search(req, profile, top=top)
 
 
@@ -83,7 +86,7 @@ def _search(ctx: click.Context, options: dict, top: int, profile):
 @plan_options
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="PNG file to write (default: KIND.png).")
-@click.option("--tokens", type=float, default=None, help="Training tokens, for days (days-vs-gpus needs it).")
+@click.option("--tokens", type=TOKENS, default=None, help="Training tokens, for days (days-vs-gpus needs it).")
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME", help="Hardware profile.")
 @click.option("--steps", default=None, metavar="A:B", help="timeline: zoom to steps A to B-1 of each stage.")
 @click.option("--gpu-counts", default=None, metavar="N,N,...",

@@ -41,26 +41,9 @@ Examples:
 
 
 def _describe(plan) -> str:
-    r = plan.recompute
-    rec = r.granularity.value
-    if r.granularity is RecomputeGranularity.full:
-        rec += f"/{r.method.value}:{r.num_layers}"
-    sharding = {"no_shard": "", "optim": " distopt", "optim_grads": " zero2", "optim_grads_params": " fsdp"}
-    split = ""
-    if plan.decoder_first_pipeline_num_layers or plan.decoder_last_pipeline_num_layers:
-        split = f"({plan.decoder_first_pipeline_num_layers}..{plan.decoder_last_pipeline_num_layers})"
-    elif plan.account_for_embedding_in_pipeline_split or plan.account_for_loss_in_pipeline_split:
-        split = "(e+l)"
-    experts = ""  # only where the plan has an expert layout: dense rows stay as they were
-    if plan.expert_model_parallel_size > 1 or plan.expert_tensor_parallel_size is not None:
-        experts = f" EP{plan.expert_model_parallel_size}" + (
-            f" ETP{plan.expert_tensor_parallel_size}" if plan.expert_tensor_parallel_size is not None else "")
-    return (f"TP{plan.tensor_parallel_size}" + (f" CP{plan.context_parallel_size}" if plan.context_parallel_size > 1
-                                                 else "") + experts
-            + f" PP{plan.pipeline_parallel_size}" + split
-            + (f"x{plan.virtual_pipeline_stages}" if plan.interleaved else "")
-            + f" DP{plan.data_parallel_size} mbs{plan.micro_batch_size} SP{'+' if plan.sequence_parallel else '-'} "
-            + f"{rec}{sharding[plan.sharding.value]}")
+    from simulator.spec.plan_names import compact_plan_name
+
+    return compact_plan_name(plan)
 
 
 def _goodputs(req, result, tokens) -> list:
@@ -210,6 +193,8 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
                   use_distributed_optimizer=dopt, context_parallel_size=cp,
                   expert_model_parallel_size=ep, expert_tensor_parallel_size=etp),
         fp8_format=fp8, precision=precision, use_flash_attention=flash or backend not in ("unfused", "local"),
+        # the backend as given, so the search's plans (and its launch) carry it as `plan`'s do
+        attention_backend=None if flash else backend,
         overlap_grad_reduce=overlap, rank_by=rank_by, goodput=goodput_settings(goodput_flags),
     ), "search")
     check_pins(req, backend, flash)

@@ -11,7 +11,8 @@ from typing import Any
 
 from simulator.spec.hardware import ClusterSpec
 from simulator.spec.model import ModelSpec
-from simulator.spec.plan import Job, ParallelPlan, RecomputeGranularity
+from simulator.spec.plan import Job, ParallelPlan
+from simulator.spec.plan_names import compact_plan_name, label_plan_name, plan_name
 
 
 def attention_backend(plan: ParallelPlan) -> str:
@@ -46,29 +47,16 @@ def job_title(job: Job) -> str:
 
 
 def layout(plan: ParallelPlan) -> str:
-    """A plan's layout in one short line: 'TP 8, PP 16 x2, DP 8, mbs 1, SP, selective, dist-opt'."""
-    r = plan.recompute
-    rec = r.granularity.value
-    if r.granularity is RecomputeGranularity.full:
-        rec += f" ({r.method.value} {r.num_layers})"
-    parts = [f"TP {plan.tensor_parallel_size}",
-             *([f"CP {plan.context_parallel_size}"] if plan.context_parallel_size > 1 else []),
-             f"PP {plan.pipeline_parallel_size}" + (f" x{plan.virtual_pipeline_stages}" if plan.interleaved else ""),
-             f"DP {plan.data_parallel_size}", f"mbs {plan.micro_batch_size}"]
-    if plan.sequence_parallel:
-        parts.append("SP")
-    parts.append(f"recompute {rec}")
-    if plan.use_distributed_optimizer:
-        parts.append("dist-opt")
-    return ", ".join(parts)
+    """A plan's layout in one short line: 'TP 8, PP 16 x2, DP 8, mbs 1, SP, recompute selective,
+    distributed optimizer (ZeRO-1)' (``simulator.spec.plan_names``, which every output names plans by)."""
+    return plan_name(plan)
+
+
+def compact_layout(plan: ParallelPlan) -> str:
+    """The layout in a table column: 'TP8 PP16x2 DP8 mbs1 SP+ selective ZeRO-1'."""
+    return compact_plan_name(plan)
 
 
 def short_layout(plan: ParallelPlan) -> str:
-    """The layout in a figure label's width: 'TP8 PP16x2 mbs1 SP sel'."""
-    rec = {"none": "", "selective": " sel", "full": " full"}[plan.recompute.granularity.value]
-    if plan.recompute.granularity is RecomputeGranularity.full and plan.recompute.method.value == "block":
-        rec += f"/b{plan.recompute.num_layers}"
-    return (f"TP{plan.tensor_parallel_size} PP{plan.pipeline_parallel_size}"
-            + (f"x{plan.virtual_pipeline_stages}" if plan.interleaved else "")
-            + f" mbs{plan.micro_batch_size}" + (" SP" if plan.sequence_parallel else "") + rec
-            + (" DO" if plan.use_distributed_optimizer else ""))
+    """The layout in a figure label's width: 'TP8 PP16x2 mbs1 SP sel ZeRO-1'."""
+    return label_plan_name(plan)

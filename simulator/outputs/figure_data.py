@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 from simulator.estimator.memory import memory_plan
 from simulator.estimator.prediction import Estimate, Simulation, simulate_job
 from simulator.outputs.describe import job_title, layout, settings_json, short_layout, title
+from simulator.spec.plan_names import sharding_name
 from simulator.planner.plan_search import MICRO_BATCH_SIZES, SearchRequest, SearchResult, search
 from simulator.spec.errors import InfeasiblePlanError
 from simulator.spec.plan import Job, ParallelPlan, RecomputeGranularity, RecomputeMethod, RecomputePolicy
@@ -140,10 +141,11 @@ def memory_vs_micro_batch_data(job: Job) -> dict[str, Any]:
 
 def _fixed_layout(plan: ParallelPlan) -> str:
     """The layout without the micro-batch and recompute, which the figure varies."""
-    return (f"TP {plan.tensor_parallel_size}, PP {plan.pipeline_parallel_size}"
-            + (f" x{plan.virtual_pipeline_stages}" if plan.interleaved else "")
+    return (f"TP {plan.tensor_parallel_size}" + (f", CP {plan.context_parallel_size}" if plan.context_parallel_size > 1
+                                                 else "")
+            + f", PP {plan.pipeline_parallel_size}" + (f" x{plan.virtual_pipeline_stages}" if plan.interleaved else "")
             + f", DP {plan.data_parallel_size}, SP {'on' if plan.sequence_parallel else 'off'}"
-            + (", distributed optimizer" if plan.use_distributed_optimizer else "")
+            + (f", {sharding_name(plan)}" if sharding_name(plan) else "")
             + "; micro-batch and recompute varied")
 
 

@@ -48,11 +48,52 @@ def page_data(result: SearchResult, req: SearchRequest, profile=None) -> dict[st
             simulated.append(_simulated(engine[plan], plan))
     plans = [[layout(s.plan), gib(s.peak_bytes), tokens / s.screen_time_s, mfu_seconds / s.screen_time_s,
               s.screen_time_s, index.get(s.plan, -1)] for s in result.screened]
+    extra = len(simulated) - result.simulated
     return {"title": request_title(req), "capacity_gib": gib(req.cluster.gpu.memory_bytes), "plans": plans,
             "front": sorted(front, key=lambda i: result.screened[i].peak_bytes), "simulated": simulated,
             "best": 0, "parts": [breakdown_label(k) for k in breakdown_parts(best)],
+            # the search's own counts, as `search` prints them; the front's plans timed for this page apart
             "summary": f"{result.enumerated:,} plans enumerated, {len(result.screened):,} fit in memory, "
-                       f"{len(simulated)} simulated by the engine"}
+                       f"{result.simulated} simulated by the engine"
+                       + (f" (and {extra} more of the Pareto front for this page)" if extra > 0 else ""),
+            "answer": answer(result, req)}
+
+
+def answer(result: SearchResult, req: SearchRequest) -> dict[str, Any]:
+    """What the page says first, as `search` says it: the best plan, its time and days with their band, the
+    measured regime it lies in or why it lies outside every one, and the Megatron-LM launch that runs it."""
+    from simulator.outputs.export import render_launch
+
+    best, est = result.best, result.best.estimate
+    job = Job(model=req.model, cluster=req.cluster, plan=best.plan)
+    return {"plan": layout(best.plan), "iteration_time_s": est.iteration_time_s,
+            "iteration_time_s_low": best.iteration_time_s_low, "iteration_time_s_high": best.iteration_time_s_high,
+            "mfu": est.mfu, "training_days": est.training_days, "training_days_low": est.training_days_low,
+            "training_days_high": est.training_days_high, "tokens": est.tokens,
+            "validation_regime": best.validation_regime, "outside_regime_reasons": list(best.outside_regime_reasons),
+            "validation_note": est.validation_note, "launch": render_launch(job)}
+
+
+def _answer_html(a: dict[str, Any]) -> list[str]:
+    """The answer as static HTML, readable before (or without) any script."""
+    time = f"{a['iteration_time_s']:.2f} s per iteration"
+    if a["iteration_time_s_low"] is not None:
+        time += f" (band {a['iteration_time_s_low']:.2f}-{a['iteration_time_s_high']:.2f} s)"
+    days = "training days: give the search --tokens"
+    if a["training_days"] is not None:
+        days = f"{a['training_days']:.1f} training days for {a['tokens']:.3g} tokens"
+        if a["training_days_low"] is not None:
+            days += f" (band {a['training_days_low']:.1f}-{a['training_days_high']:.1f} days)"
+    regime = (f"inside a measured regime: {a['validation_regime']}" if a["validation_regime"] is not None
+              else "outside every measured regime, so its band is widened: " + "; ".join(a["outside_regime_reasons"]))
+    out = ['<div id="answer">', f"<h2>Best plan: {html.escape(a['plan'])}</h2>",
+           f'<p id="answer-days"><b>{html.escape(days)}</b>; {html.escape(time)}, MFU {100 * a["mfu"]:.1f}%</p>',
+           f'<p id="answer-regime">{html.escape(regime)}</p>']
+    if a["validation_note"]:
+        out.append(f'<p id="answer-warning" class="warning">! {html.escape(a["validation_note"])}</p>')
+    out += ["<details open><summary>Megatron-LM launch of the best plan</summary>",
+            f'<pre id="answer-launch">{html.escape(a["launch"])}</pre></details>', "</div>"]
+    return out
 
 
 _STYLE = """
@@ -60,6 +101,9 @@ body { font-family: sans-serif; margin: 1.5em; color: #222; }
 h1 { font-size: 1.2em; white-space: pre-line; }
 #selected { font-family: monospace; margin: 0.5em 0; }
 .note { color: #666; font-size: 0.9em; }
+.warning { color: #a40000; }
+h2 { font-size: 1.05em; }
+pre { background: #f4f4f4; padding: 0.5em; overflow-x: auto; font-size: 0.85em; }
 """
 
 _SCRIPT = r"""
@@ -137,7 +181,8 @@ def render_html(data: dict[str, Any]) -> str:
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title>", f"<style>{_STYLE}</style>",
         f"<script>{get_plotlyjs()}</script>", "</head><body>",
-        f"<h1>{html.escape(data['title'])}</h1>", f'<p class="note">{html.escape(data["summary"])}. Hover a point for '
+        f"<h1>{html.escape(data['title'])}</h1>", *(_answer_html(data["answer"]) if "answer" in data else []),
+        f'<p class="note">{html.escape(data["summary"])}. Hover a point for '
         "its plan; click a simulated plan for its time breakdown.</p>",
         '<div id="pareto" style="height:600px"></div>', '<div id="selected"></div>',
         '<div id="breakdown" style="height:260px"></div>',

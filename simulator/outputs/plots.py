@@ -136,15 +136,13 @@ def timeline_figure(data: dict, path: Path) -> dict[str, Any]:
             continue
         groups.setdefault((stage, kind), []).append((start, end - start))
         if window and phase and (end - start) > 0.012 * (hi - lo):
-            labels.append((start + (end - start) / 2, stage + 0.28, f"{mb}" + (f".{chunk}" if multi_chunk else "")))
+            labels.append((start, end, stage + 0.28, f"{mb}" + (f".{chunk}" if multi_chunk else "")))
     ax.broken_barh([(lo, hi - lo)], (-0.02, p + 0.04), facecolors="#eeeeee", linewidth=0)
     for stage in range(p):
         ax.broken_barh([(lo, hi - lo)], (stage, 0.55), facecolors="#d9d9d9", linewidth=0)
     for (stage, kind), spans in sorted(groups.items()):
         color, _, offset, height = TIMELINE_STYLE[kind]
         ax.broken_barh(spans, (stage + offset, height), facecolors=color, linewidth=0)
-    for x, y, text in labels:
-        ax.text(x, y, text, ha="center", va="center", fontsize=5, color="white")
     handles = [Patch(color=c, label=label) for c, label, _, _ in TIMELINE_STYLE.values()]
     handles.append(Patch(color="#d9d9d9", label="compute idle (pipeline bubble, waiting)"))
     if lo <= T <= hi:
@@ -158,7 +156,70 @@ def timeline_figure(data: dict, path: Path) -> dict[str, Any]:
     zoom = f", steps {window[2]}-{window[3] - 1} of each stage ({'micro-batch.chunk' if multi_chunk else 'micro-batch'} labelled)" \
         if window else ""
     ax.set_title(f"{data['title']}\n{data['plan']}: {T:.2f} s per iteration, {data['micro_batches']} micro-batches{zoom}")
+    _label_steps(fig, ax, labels)
     return _finish(plt, fig, path)
+
+
+def _label_steps(fig, ax, labels: list[tuple[float, float, float, str]]) -> None:
+    """Write each step's micro-batch (start, end, row, text) inside its bar where it fits there and clears the
+    label before it; a step too short for its label goes unlabelled rather than run into its neighbours."""
+    if not labels:
+        return
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    placed: list = []
+    lo, hi = ax.get_xlim()
+    for start, end, y, text in sorted(labels, key=lambda q: (q[2], q[0])):
+        start, end = max(start, lo), min(end, hi)  # the part of the step inside the window
+        label = ax.text(start + (end - start) / 2, y, text, ha="center", va="center", fontsize=5, color="white")
+        box = label.get_window_extent(renderer)
+        x0, x1 = (ax.transData.transform([(start, y), (end, y)])[:, 0])
+        if box.x0 < min(x0, x1) + 0.5 or box.x1 > max(x0, x1) - 0.5 or any(box.overlaps(b) for b in placed):
+            label.remove()
+            continue
+        placed.append(box)
+
+
+# where a point's label may go, in points from the point, in the order tried: (dx, dy, ha, va)
+_LABEL_SPOTS = ((5, 6, "left", "bottom"), (-5, -6, "right", "top"), (5, -6, "left", "top"),
+                (-5, 6, "right", "bottom"), (0, 9, "center", "bottom"), (0, -9, "center", "top"))
+
+
+def _label_points(fig, ax, points: list[tuple[float, float, str]], fontsize: float) -> None:
+    """Label each point where its text crosses no line of ``ax`` and no label placed before it: each spot of
+    ``_LABEL_SPOTS`` is tried against the lines as drawn (so a label never sits on the curve it labels)."""
+    from matplotlib.transforms import Bbox
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    paths = []
+    for line in ax.lines:
+        xy = ax.transData.transform(line.get_xydata()) if line.get_transform() == ax.transData else \
+            line.get_transform().transform(line.get_xydata())
+        paths.append(xy)
+    placed: list = []
+
+    def clear(box) -> bool:
+        grown = Bbox.from_extents(box.x0 - 1, box.y0 - 1, box.x1 + 1, box.y1 + 1)
+        for xy in paths:
+            for (x0, y0), (x1, y1) in zip(xy[:-1], xy[1:]):
+                for k in range(33):  # the segment, sampled: finer than a label's height at these sizes
+                    f = k / 32
+                    if grown.contains(x0 + f * (x1 - x0), y0 + f * (y1 - y0)):
+                        return False
+        return not any(box.overlaps(other) for other in placed) and \
+            ax.get_window_extent(renderer).contains(box.x0, box.y0) and \
+            ax.get_window_extent(renderer).contains(box.x1, box.y1)
+
+    for x, y, text in points:
+        for dx, dy, ha, va in _LABEL_SPOTS:
+            label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                                ha=ha, va=va)
+            box = label.get_window_extent(renderer)
+            if clear(box) or (dx, dy, ha, va) == _LABEL_SPOTS[-1]:
+                placed.append(box)
+                break
+            label.remove()
 
 
 def _thousands():
@@ -167,11 +228,14 @@ def _thousands():
     return FuncFormatter(lambda v, _: f"{v:,.0f}")
 
 
-def _readable_log_axis(axis) -> None:
+def _readable_log_axis(axis, decades: float = 1.0) -> None:
+    """Ticks at 1, 2 and 5 of each decade over a short range, at each decade over a long one (``decades``),
+    written short (20M, 500k) so that neighbours do not run into each other."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1e4 else f"{v:g}"))
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 1.5 else (1.0,)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:g}M" if v >= 1e6 else f"{v / 1e3:g}k"
+                                           if v >= 1e4 else f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())
 
 
@@ -182,8 +246,6 @@ def days_vs_gpus_figure(data: dict, path: Path) -> dict[str, Any]:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(xs, ys, "-o", color="tab:blue", label="best plan at each size")
     ax.plot(xs, [ys[0] * xs[0] / x for x in xs], "--", color="gray", label=f"linear scaling from {xs[0]:,} GPUs")
-    for x, y in zip(xs, ys):
-        ax.annotate(f"{y:.1f} d", (x, y), xytext=(4, 5), textcoords="offset points", fontsize=7)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     _readable_log_axis(ax.yaxis)
@@ -193,7 +255,8 @@ def days_vs_gpus_figure(data: dict, path: Path) -> dict[str, Any]:
     ax.set_ylabel(f"training days ({data['tokens'] / 1e9:g}B tokens)")
     ax.set_title(data["title"])
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower left")
+    _label_points(fig, ax, [(x, y, f"{y:.1f} d") for x, y in zip(xs, ys)], 7)
     return _finish(plt, fig, path)
 
 
@@ -205,9 +268,6 @@ def mfu_vs_gpus_figure(data: dict, path: Path) -> dict[str, Any]:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(xs, ys, "-o", color="tab:blue", label="best plan at each size")
     ax.axhline(ys[0], color="gray", ls="--", lw=1, label=f"perfect scaling: {ys[0]:.1f}% as at {xs[0]:,} GPUs")
-    for x, y in zip(xs, ys):
-        ax.annotate(f"{y:.1f}% ({y / ys[0]:.0%} efficient)", (x, y), xytext=(4, -11), textcoords="offset points",
-                    fontsize=6)
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs)
     ax.set_xticklabels([f"{x:,}" for x in xs])
@@ -217,6 +277,7 @@ def mfu_vs_gpus_figure(data: dict, path: Path) -> dict[str, Any]:
     ax.set_title(data["title"])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower left")
+    _label_points(fig, ax, [(x, y, f"{y:.1f}% ({y / ys[0]:.0%} efficient)") for x, y in zip(xs, ys)], 6)
     return _finish(plt, fig, path)
 
 
@@ -224,7 +285,9 @@ def memory_breakdown_figure(data: dict, path: Path) -> dict[str, Any]:
     """Stacked bars per strategy, one panel per configuration (named in the panel's title)."""
     plt = _pyplot()
     panels = data["panels"]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 0.6, 4.0), sharey=True, squeeze=False)
+    # constrained layout keeps the two-line panel titles below the suptitle
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 2.4, 4.4), sharey=True, squeeze=False,
+                             layout="constrained")
     colors = {"weights+grads+optimizer": "tab:blue", "activations": "tab:orange", "transient+reserve": "tab:gray"}
     cap = data["capacity_gib"]
     for ax, panel in zip(axes[0], panels):
@@ -236,12 +299,13 @@ def memory_breakdown_figure(data: dict, path: Path) -> dict[str, Any]:
             bottom = [b + v for b, v in zip(bottom, values)]
         ax.axhline(cap, color="k", ls="--", lw=1, label=f"GPU memory ({cap:.0f} GiB)")
         ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=7)
+        ax.set_xticklabels(labels, rotation=90, fontsize=7)  # upright, a slanted label's box runs into the next
         ax.set_title(f"{panel['model']}\n{panel['config']}", fontsize=8)
         ax.set_xlabel("strategy")
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("GiB per GPU (first pipeline stage)")
-    axes[0][-1].legend(fontsize=7, loc="upper right")
+    # beside the last panel, not over its bars
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     fig.suptitle(data["title"], fontsize=9)
     return _finish(plt, fig, path)
 
@@ -329,7 +393,8 @@ def parity_figure(data: dict, path: Path) -> dict[str, Any]:
     sets = data["sets"]
     cols = 4
     rows = math.ceil(len(sets) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.8 * rows), squeeze=False)
+    # constrained layout leaves room for every panel's tick labels and for the suptitle's source lines
+    fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.8 * rows + 1.0), squeeze=False, layout="constrained")
     for ax in axes.flat[len(sets):]:
         ax.set_visible(False)
     for ax, s in zip(axes.flat, sets):
@@ -350,8 +415,13 @@ def parity_figure(data: dict, path: Path) -> dict[str, Any]:
         if log:
             ax.set_xscale("log")
             ax.set_yscale("log")
-            _readable_log_axis(ax.xaxis)
-            _readable_log_axis(ax.yaxis)
+            _readable_log_axis(ax.xaxis, math.log10(hi / lo))
+            _readable_log_axis(ax.yaxis, math.log10(hi / lo))
+        else:  # the lowest y tick would sit on the lowest x tick's label in the corner
+            from matplotlib.ticker import MaxNLocator
+
+            ax.yaxis.set_major_locator(MaxNLocator(nbins=6, prune="lower"))
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_xlabel(f"measured ({s['unit']})")
@@ -361,7 +431,6 @@ def parity_figure(data: dict, path: Path) -> dict[str, Any]:
         ax.grid(alpha=0.3)
     sources = list(dict.fromkeys(s["source"] for s in sets))
     fig.suptitle(data["title"] + "\n" + "\n".join(sources), fontsize=9)
-    fig.tight_layout()
     return _finish(plt, fig, path)
 
 
@@ -382,7 +451,7 @@ def tp_pp_heatmap_figure(data: dict, path: Path) -> dict[str, Any]:
     for i, row in enumerate(times):
         for j, t in enumerate(row):
             ax.text(j, i, f"{t:.2f}" if t is not None else "-", ha="center", va="center", fontsize=7,
-                    color="white" if t is not None and t < grid.mean() else "black")
+                    color=_ink_on(image.cmap(image.norm(t)) if t is not None else ax.get_facecolor()))
     ax.add_patch(Rectangle((best[2] - 0.5, best[1] - 0.5), 1, 1, fill=False, edgecolor="red", lw=2))
     ax.legend(handles=[Patch(edgecolor="red", fill=False, label=f"fastest: {data['plans'][best[1]][best[2]]}, "
                                                                   f"{best[0]:.2f} s"),
@@ -398,7 +467,12 @@ def tp_pp_heatmap_figure(data: dict, path: Path) -> dict[str, Any]:
     return _finish(plt, fig, path)
 
 
-# kind -> (the figure_data kind it draws, the function)
+def _ink_on(rgba) -> str:
+    """Black on a light cell, white on a dark one (the cell's relative luminance, ITU-R BT.709)."""
+    r, g, b = rgba[:3]
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.45 else "white"
+
+
 def moe_ep_figure(data: dict, path: Path) -> dict[str, Any]:
     """Iteration time (the all-to-all part apart) and peak memory (by kind) against the EP size."""
     plt = _pyplot()
@@ -433,6 +507,7 @@ def moe_ep_figure(data: dict, path: Path) -> dict[str, Any]:
     return _finish(plt, fig, path)
 
 
+# kind -> (the figure_data kind it draws, the function)
 FIGURES: dict[str, tuple[str, Callable[[dict, Path], dict]]] = {
     "pareto": ("pareto", pareto_figure),
     "timeline": ("timeline", timeline_figure),

@@ -11,6 +11,7 @@ from simulator.planner.plan_search import SearchPins, SearchRequest, SearchResul
 from simulator.spec.catalog import PRESETS
 from simulator.spec.hardware import load_cluster
 from simulator.spec.plan import Job, ParallelPlan, RecomputeGranularity, RecomputePolicy
+from simulator.spec.plan_names import sharding_name
 
 TOKENS = 300e9
 ARTICLE_SPACE = SearchPins(virtual_pipeline_stages=1, use_distributed_optimizer=False)
@@ -51,10 +52,13 @@ def _pct(x: float) -> str:
 def _describe(plan: ParallelPlan) -> str:
     r = plan.recompute
     rec = r.granularity.value + (f" ({r.method.value}, {r.num_layers})" if r.granularity is RecomputeGranularity.full else "")
-    return (f"TP {plan.tensor_parallel_size}, PP {plan.pipeline_parallel_size}"
+    return (f"TP {plan.tensor_parallel_size}" + (f", CP {plan.context_parallel_size}" if plan.context_parallel_size > 1
+                                                 else "")
+            + (f", EP {plan.expert_model_parallel_size}" if plan.expert_model_parallel_size > 1 else "")
+            + f", PP {plan.pipeline_parallel_size}"
             + (f" x{plan.virtual_pipeline_stages}" if plan.interleaved else "")
             + f", DP {plan.data_parallel_size}, mbs {plan.micro_batch_size}, SP {'on' if plan.sequence_parallel else 'off'}, "
-            + f"recompute {rec}" + (", distributed optimizer" if plan.use_distributed_optimizer else ""))
+            + f"recompute {rec}" + (f", {sharding_name(plan)}" if sharding_name(plan) else ""))
 
 
 def standard_plan(s: Scenario) -> ParallelPlan:

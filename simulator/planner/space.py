@@ -13,7 +13,7 @@ from enum import Enum
 from functools import lru_cache
 from typing import Iterator, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from simulator.estimator.goodput import GoodputSettings
 from simulator.spec.hardware import ClusterSpec
@@ -73,6 +73,12 @@ class RankBy(str, Enum):
     expected_days = "expected-days"  # the iteration time over the run's ETTR: failures, saves and restarts counted
 
 
+def plan_default(field: str):
+    """A ``ParallelPlan`` field's default: the one place every command, the sweep and the API take a
+    setting the user left out from, so the same point gives the same answer through each."""
+    return ParallelPlan.model_fields[field].default
+
+
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -81,10 +87,14 @@ class SearchRequest(BaseModel):
     num_gpus: int = Field(gt=0, le=MAX_GPUS)
     global_batch_size: int = Field(gt=0, le=MAX_GLOBAL_BATCH_SIZE)
     pins: SearchPins = SearchPins()
-    precision: Precision = Precision.bf16
-    use_flash_attention: bool = Field(True, description="Plans use a fused attention kernel (Megatron's default, "
+    precision: Precision = plan_default("precision")
+    use_flash_attention: bool = Field(
+        plan_default("use_flash_attention"), description="Plans use a fused attention kernel (Megatron's default, "
                                                          "attention_backend auto); False: Megatron's unfused path.")
-    overlap_grad_reduce: bool = False
+    attention_backend: AttentionBackend | None = Field(
+        None, description="Megatron's --attention-backend of every plan; None: auto with use_flash_attention, "
+                          "else unfused.")
+    overlap_grad_reduce: bool = plan_default("overlap_grad_reduce")
     fp8_format: Fp8Format | None = Field(None, description="Every plan's linear layers in FP8 (Hopper).")
     finalists: int = Field(16, gt=0, description="Plans the engine simulates after the closed-form screen.")
     rank_by: RankBy = Field(RankBy.upper, description="Order plans by the band's slow end (upper: a plan outside "
@@ -93,6 +103,20 @@ class SearchRequest(BaseModel):
                                                       "expected days with failures, saves and restarts "
                                                       "(expected-days: the time over the run's ETTR).")
     goodput: GoodputSettings = Field(GoodputSettings(), description="Failures and checkpoints, for expected days.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _attention_flags_agree(cls, data):
+        """A backend given alone sets ``use_flash_attention``; given together, they must say one thing."""
+        if not isinstance(data, dict) or data.get("attention_backend") is None:
+            return data
+        fused = AttentionBackend(data["attention_backend"]).fused_kernel
+        if data.get("use_flash_attention") is None:
+            return {**data, "use_flash_attention": fused}
+        if bool(data["use_flash_attention"]) != fused:
+            raise ValueError(f"attention_backend={AttentionBackend(data['attention_backend']).value!r} and "
+                             f"use_flash_attention={data['use_flash_attention']} disagree; give one of them")
+        return data
 
 
 class Candidate(NamedTuple):
@@ -130,13 +154,13 @@ class Candidate(NamedTuple):
 def plan_template(req: SearchRequest) -> ParallelPlan:
     """What every candidate's plan has in common: the request's precision, attention and overlap.
     Built at one sequence, which every rule allows, then given the batch."""
-    backend = AttentionBackend.auto if req.use_flash_attention else AttentionBackend.unfused
+    backend = req.attention_backend or (AttentionBackend.auto if req.use_flash_attention else AttentionBackend.unfused)
     # MoE plans exchange tokens all-to-all with the experts run as one grouped GEMM, as Megatron-Core
     # recommends for expert parallelism
     moe = dict(moe_token_dispatcher_type=MoEDispatcher.alltoall, moe_grouped_gemm=True) if req.model.is_moe else {}
     # through the boundary's check: a request whose settings break a rule (FP8 beside fp32) is one sentence
     return build(ParallelPlan, dict(global_batch_size=1, precision=req.precision, fp8_format=req.fp8_format,
-                                    use_flash_attention=req.use_flash_attention, attention_backend=backend,
+                                    attention_backend=backend,
                                     overlap_grad_reduce=req.overlap_grad_reduce, **moe), "search").model_copy(
                                         update={"global_batch_size": req.global_batch_size})
 

@@ -19,15 +19,20 @@ from typing import Callable, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
+from simulator.planner.space import plan_default
 from simulator.spec._io import build, read_mapping
 from simulator.spec.errors import ConfigError, SimulatorError
+from simulator.spec.plan import AttentionBackend
+from simulator.spec.plan_names import compact_plan_name
 
 MAX_POINTS = 100_000
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
 COLUMNS = ("model", "cluster", "gpus", "global_batch_size", "seq_length", "status", "plan", "iteration_time_s",
            "iteration_time_s_low", "iteration_time_s_high", "mfu", "tokens_per_s", "peak_gib", "training_days",
-           "training_days_low", "training_days_high", "outside_validated_range", "message")
+           "training_days_low", "training_days_high", "outside_validated_range", "message",
+           # added later, so appended: what else sets every number of the row
+           "attention_backend", "precision")
 
 
 class SweepSpec(BaseModel):
@@ -42,18 +47,29 @@ class SweepSpec(BaseModel):
     seq_lengths: tuple[PositiveInt | None, ...] = Field(
         (None,), min_length=1, description="Sequence lengths (None: the model's).")
     tokens: float | None = Field(None, gt=0, description="Training tokens, for days.")
-    use_flash_attention: bool = False
+    attention_backend: AttentionBackend | None = Field(
+        None, description="Megatron's --attention-backend of every plan; None: the default `plan` and `search` "
+                          "take (auto, a fused kernel).")
+    use_flash_attention: bool | None = Field(
+        None, description="Older spelling: false is the unfused backend, true a fused one; None: the default.")
 
     @model_validator(mode="after")
     def _grid_is_bounded(self) -> "SweepSpec":
         n = len(self.models) * len(self.gpus) * len(self.global_batch_sizes) * len(self.clusters) * len(self.seq_lengths)
         if n > MAX_POINTS:
             raise ValueError(f"the grid has {n:,} points, more than {MAX_POINTS:,}; split it into several sweeps")
+        if self.attention_backend is not None and self.use_flash_attention is not None \
+                and self.attention_backend.fused_kernel != self.use_flash_attention:
+            raise ValueError(f"attention_backend {self.attention_backend.value!r} and use_flash_attention "
+                             f"{self.use_flash_attention} disagree; give one of them")
         return self
 
     def points(self) -> list["SweepPoint"]:
+        backend = self.attention_backend
+        if backend is None and self.use_flash_attention is not None:
+            backend = AttentionBackend.auto if self.use_flash_attention else AttentionBackend.unfused
         return [SweepPoint(model=m, cluster=c, gpus=g, global_batch_size=b, seq_length=s, tokens=self.tokens,
-                           use_flash_attention=self.use_flash_attention)
+                           attention_backend=backend or plan_default("attention_backend"))
                 for m, c, g, b, s in itertools.product(self.models, self.clusters, self.gpus,
                                                        self.global_batch_sizes, self.seq_lengths)]
 
@@ -67,23 +83,18 @@ class SweepPoint(BaseModel):
     global_batch_size: int = Field(gt=0)
     seq_length: int | None = Field(None, gt=0)
     tokens: float | None = None
-    use_flash_attention: bool = False
+    attention_backend: AttentionBackend = plan_default("attention_backend")
 
     @property
     def key(self) -> str:
-        return f"{self.model}|{self.cluster}|{self.gpus}|{self.global_batch_size}|{self.seq_length}"
+        # the backend is part of the key: rows written when the sweep defaulted to unfused attention are
+        # searched again rather than mixed with today's
+        return (f"{self.model}|{self.cluster}|{self.gpus}|{self.global_batch_size}|{self.seq_length}|"
+                f"{self.attention_backend.value}")
 
 
 def load_spec(path: str | os.PathLike) -> SweepSpec:
     return build(SweepSpec, read_mapping(Path(path), "sweep spec"), f"sweep spec {str(path)!r}")
-
-
-def _describe(plan) -> str:
-    r = plan.recompute
-    return (f"TP{plan.tensor_parallel_size} PP{plan.pipeline_parallel_size}"
-            + (f"x{plan.virtual_pipeline_stages}" if plan.interleaved else "")
-            + f" DP{plan.data_parallel_size} mbs{plan.micro_batch_size} SP{'+' if plan.sequence_parallel else '-'} "
-            + r.granularity.value + (" distopt" if plan.use_distributed_optimizer else ""))
 
 
 def run_point(point: SweepPoint) -> dict:
@@ -95,18 +106,21 @@ def run_point(point: SweepPoint) -> dict:
     from simulator.spec.plan import Job
 
     row: dict = {"key": point.key, "model": point.model, "cluster": point.cluster, "gpus": point.gpus,
-                 "global_batch_size": point.global_batch_size, "seq_length": point.seq_length}
+                 "global_batch_size": point.global_batch_size, "seq_length": point.seq_length,
+                 "attention_backend": point.attention_backend.value}
     try:
         model = load_model(point.model, point.seq_length)
         row["seq_length"] = model.seq_length
         req = SearchRequest(model=model, cluster=load_cluster(point.cluster), num_gpus=point.gpus,
-                            global_batch_size=point.global_batch_size, use_flash_attention=point.use_flash_attention)
+                            global_batch_size=point.global_batch_size, attention_backend=point.attention_backend)
         best = search(req, tokens=point.tokens, top=1).best
         job = Job(model=req.model, cluster=req.cluster, plan=best.plan)
         est = with_band(job, best.estimate)
     except SimulatorError as exc:
         return {**row, "status": "no plan", "message": " ".join(str(exc).split())}
-    return {**row, "status": "ok", "plan": _describe(best.plan), "iteration_time_s": est.iteration_time_s,
+    return {**row, "status": "ok", "plan": compact_plan_name(best.plan),
+            "precision": best.plan.precision.value + (f"+fp8-{best.plan.fp8_format.value}" if best.plan.fp8_format else ""),
+            "iteration_time_s": est.iteration_time_s,
             "iteration_time_s_low": est.iteration_time_s_low, "iteration_time_s_high": est.iteration_time_s_high,
             "mfu": est.mfu, "tokens_per_s": est.tokens_per_s, "peak_gib": est.memory.peak_bytes / 2**30,
             "training_days": est.training_days, "training_days_low": est.training_days_low,

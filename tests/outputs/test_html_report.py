@@ -25,6 +25,8 @@ from simulator.spec.hardware import load_cluster
 
 pytest.importorskip("plotly")
 
+TOKENS = 30e9
+
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(name)), None)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -56,6 +58,8 @@ PROBE = r"""
       points: gd.querySelectorAll(".scatterlayer .trace:first-child .point").length, hover: hover,
       selected: document.getElementById("selected").textContent, other: D.simulated[other[5]].layout,
       bars: document.querySelectorAll("#breakdown .bars .point").length,
+      answer: (document.getElementById("answer") || {}).innerText,
+      note: (document.querySelector("p.note") || {}).innerText,
       breakdown_title: (document.querySelector("#breakdown .gtitle") || {}).textContent});
   } catch (e) {
     out.textContent = JSON.stringify({error: String(e && e.stack || e)});
@@ -70,7 +74,7 @@ PROBE = r"""
 def page():
     req = SearchRequest(model=PRESETS["gpt3-1.3b"], cluster=load_cluster("dgx-a100-80gb"), num_gpus=16,
                         global_batch_size=32)
-    result = search(req, top=3)
+    result = search(req, tokens=TOKENS, top=3)
     return req, result, page_data(result, req)
 
 
@@ -105,3 +109,32 @@ def test_the_page_renders_in_headless_chromium_and_a_hover_shows_a_plan(page, tm
     assert seen["selected"].startswith(f"selected: {seen['other']}:")
     assert seen["breakdown_title"] == f"Where the iteration goes: {seen['other']}"
     assert seen["bars"] == len(data["parts"])
+    # the answer, as `search` gives it: days and their band, the regime or why outside it, the launch
+    e, best_plan = result.best.estimate, result.best
+    for needle in (f"{e.training_days:.1f} training days for {TOKENS:.3g} tokens",
+                   f"band {e.training_days_low:.1f}-{e.training_days_high:.1f} days",
+                   f"band {best_plan.iteration_time_s_low:.2f}-{best_plan.iteration_time_s_high:.2f} s",
+                   "torchrun", f"--tensor-model-parallel-size {best_plan.plan.tensor_parallel_size}"):
+        assert needle in seen["answer"], (needle, seen["answer"])
+    if best_plan.validation_regime is not None:
+        assert f"inside a measured regime: {best_plan.validation_regime}" in seen["answer"]
+    else:
+        assert "outside every measured regime" in seen["answer"]
+    if e.validation_note:
+        assert e.validation_note in seen["answer"]
+    assert f"{result.simulated} simulated by the engine" in seen["note"]
+
+
+def test_the_page_says_the_answer_and_counts_as_search_does(page):
+    """Days, band, regime and warnings and the launch are in the page's static HTML; its count of simulated
+    plans is the search's (the front's plans it times for itself are said apart)."""
+    _, result, data = page
+    text = render_html(data)
+    a = data["answer"]
+    assert a["training_days"] == result.best.estimate.training_days
+    assert (a["training_days_low"], a["training_days_high"]) == (result.best.estimate.training_days_low,
+                                                                  result.best.estimate.training_days_high)
+    assert f"band {a['training_days_low']:.1f}-{a['training_days_high']:.1f} days" in text
+    assert html.escape(a["launch"]) in text and "--tensor-model-parallel-size" in a["launch"]
+    assert ("inside a measured regime" if a["validation_regime"] else "outside every measured regime") in text
+    assert data["summary"].split(", ")[2].startswith(f"{result.simulated} simulated by the engine")
