@@ -112,7 +112,7 @@ def test_hugging_face_approximations_are_printed(tmp_path):
     args = ["--model", config, "--cluster", "dgx-h100", "--tp", "8", "--gpus", "8", "--use-flash-attn"]
     text = run("plan", *args).output
     assert "note: Mistral-7B: sequence length 32,768 taken from the declared maximum positions" in text
-    assert "sliding-window attention (window 4,096 tokens) not modelled" in text
+    assert "sliding-window attention (window 4,096 tokens) is in the launch (--window-size) but not in the time" in text
     doc = json.loads(run("plan", *args, "--seq-length", "4096", "--json").output)
     assert doc["seq_length"] == 4096 and doc["notes"] == []  # the chosen length, and a window as long as it
     doc = json.loads(run("memory", *args, "--json").output)
