@@ -5,10 +5,10 @@ cost-model forms to microbenchmark numbers read from ``calibration/published/har
 
 Only microbenchmark-level data is used (GEMM, memory-bound kernels, FlashAttention, NCCL), except
 for the host block: no microbenchmark pins the CPU time Megatron spends per op, so those constants
-come from the single-node development set (``python -m calibration.fit_host_overhead``, which
-records the set's errors before and after) and the profile says so. The end-to-end tables of
-Korthikanti et al. (iteration times, MFU) set nothing here: they are what the simulator is
-checked against. Where the published data does not pin a parameter, its ``sources`` entry says so
+come from the measured A100 sets (``python -m calibration.fit_host_overhead``, which
+records each set's errors before and after, and checks the fit with each set left out in turn)
+and the profile says so. Beyond that block, the measured end-to-end runs (Korthikanti et al.'s
+tables, the vTrain sets) set nothing here: they are what the simulator is checked against. Where the published data does not pin a parameter, its ``sources`` entry says so
 and argues the value chosen.
 """
 
@@ -368,18 +368,20 @@ def _links(gpu: GpuSpec, rows: dict, nic_gbps: float) -> CollectiveParams:
 
 
 def _host() -> HostParams:
-    """The host-side constants fitted to the single-node development set (``calibration.fit_host_overhead``).
+    """The host-side constants fitted to the measured A100 sets (``calibration.fit_host_overhead``).
 
     They describe the training process on the host CPU, not the GPU, so every GPU's profile takes
     the A100 fit; the ranges span the leaner software stacks (fewer, fused ops: Transformer
     Engine, CUDA graphs) down to the microbenchmark source's lower bound.
     """
     fit = json.loads(HOST_FIT.read_text())
-    v, before, after = fit["parameters"], fit["before"], fit["after"]
-    where = (f"fitted to the {fit['runs']:,} runs of the vTrain single-node A100 set (calibration/published/"
-             f"vtrain-single-node; Megatron-DeepSpeed, fp16, eager) by `{fit['command']}` (the set's mean absolute "
-             f"error {before['mean_abs_error']:.1%} -> {after['mean_abs_error']:.1%}, signed bias "
-             f"{before['bias']:+.1%} -> {after['bias']:+.1%})")
+    v = fit["parameters"]
+    moved = "; ".join(f"{key} {one['before']['mean_abs_error']:.1%} -> {one['after']['mean_abs_error']:.1%} "
+                      f"(bias {one['before']['bias']:+.1%} -> {one['after']['bias']:+.1%})"
+                      for key, one in fit["sets"].items())
+    where = (f"fitted to the {fit['runs']:,} runs of the measured A100 sets together, each set weighing the same "
+             f"({', '.join(fit['data_sets'])}), by `{fit['command']}` (mean absolute error without the host block "
+             f"-> with it: {moved}; its leave-one-set-out table: calibration/published/host_overhead_loso.json)")
     per_op = (f"{where}; one value for forward and backward ops, which full recompute leaves inseparable; it is per "
               f"op of the layer graph, so it also carries Megatron's views, module calls and extra kernels. "
               f"Range: 5 us, the low end of eager PyTorch's 5-25 us per op ({MD}, host-side cost), up to the fit")
@@ -400,7 +402,8 @@ GPUS = {  # GPU spec name -> (NIC line rate GB/s per NIC of its DGX, GEMM tile)
 }
 
 
-def build_profile(gpu_name: str) -> HardwareProfile:
+def build_profile(gpu_name: str, host: bool = True) -> HardwareProfile:
+    """The GPU's published profile; ``host=False`` leaves the host block out (what its fit starts from)."""
     gpu = load_gpu(gpu_name)
     nic_gbps, tiles = GPUS[gpu.name]
     rows = _measured()
@@ -408,12 +411,12 @@ def build_profile(gpu_name: str) -> HardwareProfile:
     return HardwareProfile(
         schema_version=SCHEMA_VERSION, name=f"{gpu.name.lower()}-published", source="published", gpu=gpu.name,
         gemm=gemm, gemm_fp8=_gemm_fp8(gpu, rows, gemm), elementwise=_elementwise(gpu, rows), attention=_attention(gpu),
-        collectives=_links(gpu, rows, nic_gbps), host=_host(),
+        collectives=_links(gpu, rows, nic_gbps), host=_host() if host else None,
         overlap_compute_slowdown=OVERLAP_SLOWDOWN, overlap_source=OVERLAP_SOURCE,
         ranges={"overlap_compute_slowdown": OVERLAP_RANGE},
         notes=f"Fitted to published microbenchmarks ({MD}) by calibration/build_published_profiles.py; the host "
-              "block to the single-node development set (calibration/published/vtrain-single-node); the end-to-end "
-              "tables of Korthikanti et al. set no parameter.",
+              "block to the measured A100 sets together (python -m calibration.fit_host_overhead), checked with each "
+              "left out in turn (calibration/published/host_overhead_loso.json).",
     )
 
 

@@ -121,7 +121,8 @@ def _host_fit_left_out(data: dict) -> list[str]:
         lines += ["", "Fitted to the other sets, the host block makes " + ", ".join(
             f"{row['left_out']} worse ({row['without']['mean_abs_error']:.1%} -> {row['with']['mean_abs_error']:.1%})"
             for row in worse) + ": those sets, bound by the GPU rather than the host, do not pin what it measures, and "
-            "their optimism is not host time. The published constants are fitted to the single-node set "
-            "(`python -m calibration.fit_host_overhead`), and the rows above show what they do to the sets left out."]
+            "their optimism is not host time. The published constants are fitted to all of them together, each "
+            "weighing the same (`python -m calibration.fit_host_overhead`); the rows above show how far that fit "
+            "carries to a set it did not see."]
     data["host_fit_left_out"] = table["rows"]
     return lines
