@@ -9,17 +9,17 @@ executor returns the same rows: a point's row depends on nothing but the point.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from simulator.spec._io import build, read_mapping
+from simulator.spec._io import build, make_folder, read_mapping, write_output
 from simulator.spec.errors import ConfigError, SimulatorError
 
 MAX_POINTS = 100_000
@@ -158,20 +158,12 @@ def read_results(out: Path) -> list[dict]:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Replace ``path`` atomically through a unique temporary file beside it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``path`` as every output is written (``write_output``): atomically, one sentence when it cannot be."""
+    write_output(path, text, "sweep results")
 
 
 def write_results(out: Path, rows: list[dict]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, "the sweep's results")
     write_text(out / RESULTS_JSON, json.dumps(rows, indent=1, sort_keys=True) + "\n")
     lines = [",".join(COLUMNS)]
     for r in rows:
@@ -182,7 +174,9 @@ def write_results(out: Path, rows: list[dict]) -> None:
         import pyarrow.parquet as pq
     except ImportError:
         return
-    pq.write_table(pa.table({c: [r.get(c) for r in rows] for c in COLUMNS}), out / "results.parquet")
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.table({c: [r.get(c) for r in rows] for c in COLUMNS}), buffer)
+    write_output(out / "results.parquet", buffer.getvalue().to_pybytes(), "sweep results")
 
 
 def _csv_cell(value) -> str:
@@ -228,8 +222,7 @@ def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
         if r.get("status") == "ok":
             series.setdefault((r["model"], r["cluster"], r["global_batch_size"], r["seq_length"]), []).append(r)
     paths = []
-    figdir = out / "figures"
-    figdir.mkdir(parents=True, exist_ok=True)
+    figdir = make_folder(out / "figures", "the sweep's figures")
     for metric, label, name in (("training_days", "training days", "days_vs_gpus.png"),
                                 ("mfu", "MFU (%)", "mfu_vs_gpus.png")):
         if metric == "training_days" and not any(r.get(metric) for rs in series.values() for r in rs):
@@ -258,7 +251,9 @@ def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = figdir / name
-        fig.savefig(path, dpi=120)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=120)
         plt.close(fig)
+        write_output(path, buffer.getvalue(), "figure")
         paths.append(path)
     return paths
