@@ -130,10 +130,7 @@ def _ray(points: list[SweepPoint], address: str, workers: int) -> Iterable[dict]
                           "or drop --ray-address to run on local processes") from None
     started = not ray.is_initialized()
     if started:
-        if address == "local":
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
+        connect_ray(ray, address, workers)
     try:
         remote = ray.remote(run_point)
         pending = [remote.remote(p) for p in points]
@@ -142,6 +139,29 @@ def _ray(points: list[SweepPoint], address: str, workers: int) -> Iterable[dict]
     finally:
         if started:
             ray.shutdown()
+
+
+def connect_ray(ray, address: str, workers: int) -> None:
+    """``ray.init`` for ``--ray-address``: ``local`` starts a Ray instance of ``workers`` CPUs for this sweep alone,
+    even beside a cluster already running here (which a plain ``ray.init`` would join, refusing the CPU count);
+    any other address joins that cluster. A cluster that cannot be joined (nothing listening, token
+    authentication without the token, another Ray version) is one ConfigError naming the address."""
+    try:
+        if address == "local":
+            ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, TimeoutError, RuntimeError, ValueError, OSError) as exc:
+        if ray.is_initialized():
+            ray.shutdown()
+        first = " ".join(str(exc).split())[:300] or type(exc).__name__
+        where = "start a local Ray instance" if address == "local" else f"connect to the Ray cluster at {address!r}"
+        auth = ("" if address == "local" or os.environ.get("RAY_AUTH_MODE") == "token" else
+                "; a cluster with token authentication (the default of `ray start` since Ray 2.59) is joined with "
+                "RAY_AUTH_MODE=token set and its token in RAY_AUTH_TOKEN or ~/.ray/auth_token (`ray get-auth-token` "
+                "on its head prints it)")
+        raise ConfigError(f"could not {where} ({type(exc).__name__}: {first}){auth}; or drop --ray-address to run "
+                          "on local processes") from None
 
 
 def read_results(out: Path) -> list[dict]:
