@@ -165,6 +165,20 @@ def test_bus_factors_are_nccl_tests_conventions():
     assert bus_factor("send_recv", 2) == 1.0
 
 
+def test_the_points_a_link_needs_are_measured_first():
+    """The smallest, middle and largest size in every mode before any other size, the kinds by turns at each: a
+    budget cut short by a busy machine skips sizes between measured ones, never the whole in-loop sweep."""
+    from calibration.microbench.collectives import KINDS, point_order
+
+    sizes = [2**e for e in (10, 14, 18, 21, 24)]
+    order = point_order(("isolated", "in_loop"), sizes, KINDS)
+    assert len(order) == 5 * 4 + 5 * 3 and len(set(order)) == len(order)  # no send/recv in the loop
+    core = {2**10, 2**18, 2**24}
+    first = order[:3 * 4 + 3 * 3]
+    assert {s for _, s, _ in first} == core and {s for _, s, _ in order[len(first):]} == {2**14, 2**21}
+    assert [k for m, s, k in first if (m, s) == ("in_loop", 2**18)] == ["all_reduce", "all_gather", "reduce_scatter"]
+
+
 @pytest.mark.measures
 def test_gloo_collectives_on_two_processes():
     res = run_collectives(backend="gloo", world_size=2, sizes=[4096, 1 << 20], dtype=torch.float32,
