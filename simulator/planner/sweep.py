@@ -217,7 +217,10 @@ def run_sweep(spec: SweepSpec, out: Path, ray_address: str | None = None, worker
     todo = [p for p in points if p.key not in done]
     workers = workers or max(1, min(len(todo), os.cpu_count() or 1))
     rows_by_key = dict(done)
-    runner = _ray(todo, ray_address, workers) if ray_address else _local(todo, workers)
+    if ray_address is not None and not ray_address.strip():
+        raise ConfigError("--ray-address is empty; give local, HOST:PORT or ray://HOST:PORT, or drop it to run on "
+                          "local processes")
+    runner = _ray(todo, ray_address, workers) if ray_address is not None else _local(todo, workers)
     for i, row in enumerate(runner, 1):
         rows_by_key[row["key"]] = row
         ordered = [rows_by_key[p.key] for p in points if p.key in rows_by_key]

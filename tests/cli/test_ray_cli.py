@@ -99,3 +99,10 @@ def test_bench_ends_in_one_sentence_on_bad_input(monkeypatch, capsys):
     assert bench.run(["sweep"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: could not start a local Ray instance") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("address", ["", "  "])
+def test_an_empty_ray_address_is_refused_not_taken_for_local_processes(tmp_path, spec, monkeypatch, address):
+    res = _sweep(spec, tmp_path / "out", address, monkeypatch, FakeRay())
+    assert res.exit_code == 2 and res.stderr.startswith("error: --ray-address is empty"), res.output
+    assert not (tmp_path / "out" / "results.csv").exists()
