@@ -78,6 +78,8 @@ SUFFIXED = {"search --pareto", "search --csv", "search --html"}  # the flags who
 def expected(flag: str, kind: str, fault: int | None) -> set[int]:
     """The exit codes a case may end in."""
     folder = FLAGS[flag][2]
+    if kind == "dir" and folder:  # a folder there already: the figures or tables go into it
+        return {2} if fault else {0}
     if kind in ("fifo", "dir", "proc", "long", "notdir"):  # a FIFO nobody reads, a path no file can have
         return {2}
     if kind == "suffix":  # a format the flag does not write, or (plot, a trace, a profile) one it may
