@@ -1,6 +1,7 @@
 # Entry points: `make demo` runs the main job (the GPT-3 175B / 1,024 A100 plan and its report),
 # `make test` the test suite (a few hundred fuzz cases included) but for the tests marked slow, which
-# `make test-slow` runs (`.ci/run` runs both), `make fuzz` 20,000 fuzz cases.
+# `make test-slow` runs (`.ci/run` runs both, and test-loaded), `make fuzz` 20,000 fuzz cases, `make test-loaded` the
+# tests that measure this machine with every core kept busy by another process.
 # Each creates (once) a virtual environment with the package installed in editable mode, at the
 # versions of constraints.txt; the stamp file reinstalls it when setup.cfg, pyproject.toml or
 # constraints.txt change.
@@ -11,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 FUZZ_CASES ?= 20000
 
-.PHONY: demo test test-slow fuzz clean chromium
+.PHONY: demo test test-slow test-loaded fuzz clean chromium
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +32,11 @@ test: $(STAMP) chromium
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+# The tests that measure this machine (marker `measures`), each beside one spinning process per core
+# (tests/load.py; SIMULATOR_TEST_HOG=N for another count): one that passes only on a quiet machine fails here.
+test-loaded: $(STAMP)
+	$(BIN)/python -m pytest -q -m measures -p tests.load
+
 # The HTML report's test renders the page in headless Chromium. Install Debian's package where we
 # can (root with apt-get); anywhere else, or if the install fails, that one test is skipped.
 chromium:
@@ -46,7 +52,8 @@ chromium:
 
 # random cases (new ones each run); the summary at the end says what they ended in
 fuzz: $(STAMP)
-	SIMULATOR_FUZZ_CASES=$(FUZZ_CASES) $(BIN)/python -m pytest -q -m fuzz tests/test_fuzz.py
+	SIMULATOR_FUZZ_CASES=$(FUZZ_CASES) $(BIN)/python -m pytest -q -m fuzz tests/test_fuzz.py tests/test_fuzz_inputs.py \
+		tests/test_fuzz_files.py tests/test_fuzz_outputs.py
 
 clean:
 	rm -rf build dist *.egg-info

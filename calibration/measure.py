@@ -55,6 +55,11 @@ DEFAULT_LAYER = {
     "cpu": dict(hidden=768, heads=12, ffn=3072, seq=256, micro_batch=1, tp=1),
 }
 DEFAULT_BUDGET_S = {("cuda", False): 360.0, ("cuda", True): 120.0, ("cpu", False): 300.0, ("cpu", True): 60.0}
+# The least a section is given under the default budget, whatever the sections before it took: the collectives'
+# ranks take seconds to start (each imports torch) before their first point, more on a busy machine, and a
+# profile needs their points; the host's loops take a fraction of a second, and without them the profile has no
+# host block. A --budget-s given is kept to: the sections share it as they always did.
+MIN_SECTION_S = {"collectives": 30.0, "host": 5.0}
 
 
 def _cmd(args: list[str]) -> str | None:
@@ -224,7 +229,9 @@ def measure(args: argparse.Namespace, log=print) -> dict:
     for i, section in enumerate(sections):
         left = total_s - (time.monotonic() - start)
         share = SHARES[section] / sum(SHARES[s] for s in sections[i:])
-        budget = Budget(max(0.0, left * share))
+        floor_s = MIN_SECTION_S.get(section, 0.0) if args.budget_s is None else 0.0
+        budget = Budget(max(0.0, left * share, floor_s))
+        log(f"[{section}] measuring, {budget.seconds:.0f} s allowed")
         info = {"budget_s": round(budget.seconds, 1), "status": "done", "skipped": budget.skipped, "error": None}
         try:
             if budget.seconds <= 0:
@@ -259,6 +266,8 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                                           modes=modes, compute_shapes=tuple((g.m, g.n, g.k) for g in mlp),
                                           threads=threads, block=group_layer)
                     raw["collectives"] = res["points"]
+                    if res.get("error"):
+                        info["status"], info["error"] = "cut short", res["error"]
                     if res.get("shared_compute"):
                         raw["shared_compute"] = res["shared_compute"]
                     if res.get("host"):

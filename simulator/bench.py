@@ -203,5 +203,18 @@ def main(argv: list[str]) -> None:
         bench_goodput()
 
 
+def run(argv: list[str]) -> int:
+    """``main`` with the command line's contract: bad input (a Ray cluster it cannot join, ...) is one sentence on
+    stderr and exit code 2, never a traceback."""
+    from simulator.spec.errors import SimulatorError
+
+    try:
+        main(argv)
+    except SimulatorError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(run(sys.argv[1:]))

@@ -116,15 +116,17 @@ IN_LOOP_REPEATS = 3
 
 
 SHARED_ROUNDS, SHARED_PASSES = 48, 8  # rounds of (one rank alone, every rank at once), layer blocks timed in each
+MIN_SHARED_ROUNDS = 2  # the spread between ranks needs two rounds; fewer and the profile takes 0 and says so
 
 
-def _shared_compute(blocks, rank: int, n: int, device: torch.device) -> dict:
+def _shared_compute(blocks, rank: int, n: int, device: torch.device, fits) -> dict | None:
     """The layer's blocks timed on one rank alone and on every rank at once, by turns (each round's rank alone
     in turn, the others waiting in a barrier, which does not spin), so that a slow drift of the machine's
     speed falls on both alike: how much ranks sharing a machine (its cores' caches, memory bandwidth, power)
     slow each other's compute, and how much one rank's time varies apart from the others' (the spread that makes
     a pipeline stage wait). Per round, per pass of the blocks: the lone rank's time, each rank's shared time and
-    their mean."""
+    their mean. ``fits(seconds)``: whether that much more time fits the budget, the same answer on every rank;
+    rounds stop when the next would not fit (None when not even ``MIN_SHARED_ROUNDS`` do)."""
     def passes() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -135,20 +137,42 @@ def _shared_compute(blocks, rank: int, n: int, device: torch.device) -> dict:
             torch.cuda.synchronize(device)
         return (time.perf_counter() - t0) / SHARED_PASSES
 
-    passes()  # warm-up
+    t0 = time.perf_counter()
+    one = passes()  # warm-up, and what a round costs: a pass of SHARED_PASSES alone and one together
+    round_s = max(2 * SHARED_PASSES * one, time.perf_counter() - t0)
+    if not fits(MIN_SHARED_ROUNDS * round_s):
+        return None
     alone = torch.zeros(SHARED_ROUNDS, dtype=torch.float64, device=device)  # on the device: NCCL reduces there
     together = torch.zeros(SHARED_ROUNDS, dtype=torch.float64, device=device)
-    for r in range(SHARED_ROUNDS):
+    rounds = 0
+    while rounds < SHARED_ROUNDS and (rounds < MIN_SHARED_ROUNDS or fits(round_s)):
+        t0 = time.perf_counter()
         dist.barrier()
-        if rank == r % n:
-            alone[r] = passes()
+        if rank == rounds % n:
+            alone[rounds] = passes()
         dist.barrier()
-        together[r] = passes()
+        together[rounds] = passes()
+        round_s = time.perf_counter() - t0
+        rounds += 1
+    alone, together = alone[:rounds].contiguous(), together[:rounds].contiguous()
     dist.all_reduce(alone)  # one rank wrote each round's
     by_rank = [torch.zeros_like(together) for _ in range(n)]
     dist.all_gather(by_rank, together)
     return {"ranks": n, "passes": SHARED_PASSES, "alone_s": alone.tolist(), "together_s": (sum(by_rank) / n).tolist(),
             "together_by_rank_s": [t.tolist() for t in by_rank]}  # tolist() copies to the host
+
+
+def point_order(modes, sizes: list[int], kinds) -> list[tuple[str, int, str]]:
+    """(mode, size, kind) in the order they are measured: first the three sizes a link fit needs (the smallest,
+    the middle and the largest) in every mode, then the other sizes, so that a budget cut short by a busy
+    machine skips points between measured ones, never the whole in-loop sweep. At each size the kinds take
+    turns, so that a slow spell of the machine falls on every kind at the sizes it lasts, and the kinds'
+    factors over the all-reduce (ratios) keep it out; kind by kind, one spell made a reduce-scatter 4-5x its
+    neighbours at four sizes in a row, which no neighbour median takes out."""
+    core = sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]}) if sizes else []
+    rest = [x for x in sizes if x not in core]
+    return [(mode, nbytes, kind) for group in (core, rest) for mode in modes for nbytes in group for kind in kinds
+            if mode != "in_loop" or kind in IN_LOOP_KINDS]
 
 
 def _spread(samples: list[float]) -> float:
@@ -250,58 +274,112 @@ def _worker(rank: int, n: int, backend: str, init: str, out: str, kinds: list[st
         compute_times.extend(x for x in (compute / n).tolist() if x == x)
         return (samples / n).tolist()
 
-    shared = _shared_compute(blocks, rank, n, device) if blocks is not None else None
+    def fits(seconds: float) -> bool:
+        """Whether ``seconds`` more still end before the deadline: rank 0 decides, so that every rank agrees."""
+        if rank == 0:
+            flag.fill_(1.0 if time.time() + seconds < deadline else 0.0)
+        dist.broadcast(flag, 0)
+        return flag.item() == 1.0
+
+    def save(shared: dict | None, partial: bool) -> None:
+        """Rank 0 keeps the points so far in ``out`` after each one: ranks killed for overrunning the budget
+        leave what they measured."""
+        if rank == 0:
+            tmp = f"{out}.tmp"
+            Path(tmp).write_text(json.dumps({"points": points, "skipped": skipped, "host": None,
+                                             "shared_compute": shared, "partial": partial}))
+            os.replace(tmp, out)
+
+    # What one repetition costs beyond the collective: nothing when isolated; in the loop, the compute before
+    # the call (the layer's blocks by turns, or the GEMMs), timed once here. Without it a busy machine's
+    # in-loop points were started that could not end in time, and the ranks were killed with every point.
+    compute_s = 0.0
+    if "in_loop" in modes:
+        t0 = time.perf_counter()
+        for j in range(2):
+            if blocks is not None:
+                blocks[j % 2](lambda: None)
+            else:
+                for a, b, c in gemms:
+                    torch.mm(a, b, out=c)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        compute_s = (time.perf_counter() - t0) / 2
     points, skipped = [], []
-    floor_s, best_bw = 0.0, 0.0  # time ~ floor + bytes / bandwidth, rank 0's estimate
-    # size by size, the kinds by turns: a slow spell of the machine then falls on every kind at the sizes it
-    # lasts, and the kinds' factors over the all-reduce (ratios) keep it out; kind by kind, one spell made a
-    # reduce-scatter 4-5x its neighbours at four sizes in a row, which no neighbour median takes out
-    for mode in modes:
-        for nbytes in sizes:
-            for kind in kinds:
-                if mode == "in_loop" and kind not in IN_LOOP_KINDS:
-                    continue
-                numel = max(n, nbytes // esize // n * n)
-                # rank 0 decides whether the point fits the budget, so that every rank agrees
-                if rank == 0:
-                    per_rep = floor_s + (numel * esize / best_bw if best_bw else 0.0)
-                    reps = repeats * (IN_LOOP_REPEATS if mode == "in_loop" else 1)
-                    flag.fill_(1.0 if time.time() + 0.2 + 2 * (warmup + reps) * per_rep < deadline else 0.0)
-                dist.broadcast(flag, 0)
-                if flag.item() == 0.0:
-                    skipped.append(f"{kind} {mode} {numel * esize} bytes")
-                    continue
-                run = _op(kind, n, rank, numel, dtype, device)
-                for _ in range(warmup):
-                    run()
-                timer = isolated if mode == "isolated" else in_loop
-                compute_times: list[float] = []
-                samples, tries = timer(run), 1
-                # every rank holds the same reduced samples, so every rank takes the same decision
-                while _spread(samples) > NOISY_SPREAD and tries < MAX_TRIES:
-                    samples += timer(run)
-                    tries += 1
-                # Isolated calls report the typical call (median). In the loop, a call's time sums into the
-                # step's: the mean, tail included (a waiting rank is sometimes woken a scheduler tick late).
-                t = statistics.median(samples) if mode == "isolated" else statistics.fmean(samples)
-                size = numel * esize
-                algbw = size / t / 1e9
-                points.append({"kind": kind, "mode": mode, "bytes": size, "group_size": n, "backend": backend,
-                               "dtype": dtype_name, "time_s": t, "algbw_gbps": algbw,
-                               "busbw_gbps": algbw * bus_factor(kind, n), "repeats": repeats, "tries": tries,
-                               "spread": _spread(samples), "median_s": statistics.median(samples),
-                               **({"compute_shape": list(compute_shapes[0]),
-                                   "compute_shapes": [list(c) for c in compute_shapes],
-                                   "compute_s": statistics.median(compute_times)} if mode == "in_loop" else {})})
-                if rank == 0 and mode == "isolated":
-                    floor_s = t if not floor_s else min(floor_s, t)
-                    best_bw = max(best_bw, size / t)
+    floor_s, best_bw = 0.0, 0.0  # time ~ floor + bytes / bandwidth, from the isolated points so far
+
+    def try_s(mode: str, nbytes: int, extra_reps: int = 0) -> float:
+        """What one try of a point is expected to take: twice the estimate, as a busy machine's time varies
+        that much from try to try."""
+        reps = repeats * (IN_LOOP_REPEATS if mode == "in_loop" else 1) + extra_reps
+        per_rep = floor_s + (nbytes / best_bw if best_bw else 0.0) + (compute_s if mode == "in_loop" else 0.0)
+        return 2 * reps * per_rep
+
+    order = point_order(modes, sizes, kinds)
+    # a round of the shared-compute timing is SHARED_PASSES passes alone and as many together, twice for safety
+    shared_reserve_s = MIN_SHARED_ROUNDS * 2 * SHARED_PASSES * compute_s * 2 if blocks is not None else 0.0
+    measured: list[tuple[str, str, int, list[float], list[float]]] = []  # mode, kind, numel, samples, compute times
+
+    def measure_point(mode: str, kind: str, numel: int, samples: list[float], computed: list[float]) -> None:
+        """One try of a point (its warm-up first), its samples added to those of the tries before."""
+        run = _op(kind, n, rank, numel, dtype, device)
+        for _ in range(warmup):
+            run()
+        compute_times.clear()
+        samples += isolated(run) if mode == "isolated" else in_loop(run)
+        computed += compute_times
+
+    def point(mode: str, kind: str, numel: int, samples: list[float], computed: list[float], tries: int) -> dict:
+        # Isolated calls report the typical call (median). In the loop, a call's time sums into the
+        # step's: the mean, tail included (a waiting rank is sometimes woken a scheduler tick late).
+        t = statistics.median(samples) if mode == "isolated" else statistics.fmean(samples)
+        size = numel * esize
+        algbw = size / t / 1e9
+        return {"kind": kind, "mode": mode, "bytes": size, "group_size": n, "backend": backend,
+                "dtype": dtype_name, "time_s": t, "algbw_gbps": algbw,
+                "busbw_gbps": algbw * bus_factor(kind, n), "repeats": repeats, "tries": tries,
+                "spread": _spread(samples), "median_s": statistics.median(samples),
+                **({"compute_shape": list(compute_shapes[0]),
+                    "compute_shapes": [list(c) for c in compute_shapes],
+                    "compute_s": statistics.median(computed)} if mode == "in_loop" else {})}
+
+    compute_times: list[float] = []  # the in-loop timer's GEMM beside the other ranks', per repetition
+    # First every point once, in order; then the noisy ones again while time is left. Retrying each point at once
+    # let the first sizes take the time of the later ones: on a busy machine every in-loop point is noisy.
+    for mode, nbytes, kind in order:
+        numel = max(n, nbytes // esize // n * n)
+        if not fits(0.2 + try_s(mode, numel * esize, warmup)):
+            skipped.append(f"{kind} {mode} {numel * esize} bytes")
+            continue
+        entry = (mode, kind, numel, [], [])
+        measure_point(*entry)
+        measured.append(entry)
+        points.append(point(*entry, tries=1))
+        if mode == "isolated":
+            t = points[-1]["time_s"]
+            floor_s = t if not floor_s else min(floor_s, t)
+            best_bw = max(best_bw, numel * esize / t)
+        save(None, partial=True)
+    tries = [1] * len(measured)
+    for _ in range(MAX_TRIES - 1):
+        for i, entry in enumerate(measured):
+            # every rank holds the same reduced samples, so every rank agrees on which points are noisy
+            if _spread(entry[3]) > NOISY_SPREAD and fits(0.2 + try_s(entry[0], entry[2] * esize, warmup)
+                                                         + shared_reserve_s):
+                measure_point(*entry)
+                tries[i] += 1
+                points[i] = point(*entry, tries=tries[i])
+                save(None, partial=True)
+    # last, with what time is left: the fit takes 0 (and says so) for what this could not measure
+    shared = _shared_compute(blocks, rank, n, device, fits) if blocks is not None else None
     host = _issue_cost(device, dtype) if device.type == "cuda" else None
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
-        Path(out).write_text(json.dumps({"points": points, "skipped": skipped, "host": host,
+        tmp = f"{out}.tmp"
+        Path(tmp).write_text(json.dumps({"points": points, "skipped": skipped, "host": host,
                                          "shared_compute": shared}))
+        os.replace(tmp, out)
 
 
 def _issue_cost(device: torch.device, dtype: torch.dtype, calls: int = 200) -> dict:
@@ -349,7 +427,8 @@ def run_collectives(*, backend: str, world_size: int, sizes: list[int], dtype: t
     GEMMs alone).
 
     The ranks are killed if they outlive the budget by more than a grace period (a hung NCCL
-    communicator must not eat the rest of a calibration session).
+    communicator must not eat the rest of a calibration session); the points measured before are returned,
+    with ``error`` saying why the rest are missing.
     """
     if world_size < 2:
         raise ValueError(f"world_size={world_size}: collectives need at least 2 ranks")
@@ -364,12 +443,21 @@ def run_collectives(*, backend: str, world_size: int, sizes: list[int], dtype: t
                   warmup, repeats, deadline, list(modes), tuple(map(tuple, compute_shapes)), threads, block),
         )
         grace_s = 30.0
+        error = None
         while not ctx.join(timeout=1.0):
             if time.monotonic() - start > budget_s + grace_s:
                 for p in ctx.processes:
                     if p.is_alive():
                         p.terminate()
-                raise TimeoutError(f"{backend} collectives still running {budget_s + grace_s:.0f} s after start; ranks killed")
+                for p in ctx.processes:
+                    p.join(5.0)
+                error = (f"{backend} collectives still running {time.monotonic() - start:.0f} s after start "
+                         f"(budget {budget_s:.0f} s); ranks killed")
+                break
+        if error is not None and not os.path.exists(out):
+            raise TimeoutError(error + " before any point was measured")
         result = json.loads(Path(out).read_text())
+        if error is not None:
+            result["error"] = error  # the points measured before are kept
     result["elapsed_s"] = time.monotonic() - start
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -81,7 +82,7 @@ def render(result, out: Path) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the fit errors and held-out GEMMs as JSON.")
 def calibrate_command(device, quick, out, raw, keep_raw, gpu, name, model, tp, mbs, budget_s, as_json):
     """Measure GEMMs, attention, memory-bound kernels and collectives; fit and write a hardware profile."""
-    from simulator.measure.calibrate import calibrate
+    from simulator.measure.calibrate import calibrate, layer_arguments
     from simulator.spec.catalog import load_model
     from simulator.spec.hardware import load_gpu
 
@@ -97,6 +98,9 @@ def calibrate_command(device, quick, out, raw, keep_raw, gpu, name, model, tp, m
         layer_args += ["--tp", str(tp)]
     if mbs is not None:
         layer_args += ["--micro-batch", str(mbs)]
+    # the measurement takes minutes: a person at a terminal sees each section start and end (never a log or a pipe)
+    progress = (lambda line: click.echo(f"calibrate: {line}", err=True)) if sys.stderr.isatty() else None
     result = calibrate(out, device=device, quick=quick, raw_path=raw, keep_raw=keep_raw,
-                       gpu=load_gpu(gpu) if gpu else None, name=name, budget_s=budget_s, layer_args=layer_args)
+                       gpu=load_gpu(gpu) if gpu else None, name=name, budget_s=budget_s, layer_args=layer_args,
+                       progress=progress)
     click.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False) if as_json else render(result, out))

@@ -3,7 +3,11 @@ and the bounded number and output-file types every command's flags use."""
 
 from __future__ import annotations
 
+import io
 import math
+import os
+import stat
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -87,6 +91,19 @@ class BoundedFloat(click.ParamType):
         return f"BoundedFloat({self.low}, {self.high})"
 
 
+def is_standard_output(path: Path) -> bool:
+    """Whether ``path`` is the file this process's standard output writes to (``/dev/stdout``, ``/proc/self/fd/1``,
+    or the file stdout is redirected to), apart from a device that keeps nothing (``/dev/null``)."""
+    try:
+        out = os.fstat(sys.stdout.fileno())
+        st = os.stat(path)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False  # no stdout file (a test's captured stream) or no such path yet
+    if stat.S_ISCHR(out.st_mode) and not os.isatty(sys.stdout.fileno()):
+        return False
+    return (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino)
+
+
 class OutputFile(click.ParamType):
     """A file to write, checked before any work is done (see ``simulator.spec._io.write_output``);
     ``suffixes`` restricts the formats (the Pareto figure is PNG, SVG or PDF by its suffix)."""
@@ -98,6 +115,11 @@ class OutputFile(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
         path = check_output(value, self.what)
+        if is_standard_output(path):
+            # written there, the file would be replaced under the shell's redirection (the answer lost) or mixed
+            # into the answer in a pipe
+            self.fail(f"{str(path)!r} is this command's standard output, which carries its answer; name a file "
+                      f"for the {self.what}", param, ctx)
         if self.suffixes and path.suffix.lower() not in self.suffixes:
             names = [s.lstrip(".").upper() for s in self.suffixes]
             kinds = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]

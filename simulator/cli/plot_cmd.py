@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from simulator.cli.options import TOKENS, plan_options
+from simulator.cli.options import TOKENS, OutputFile, plan_options
 from simulator.outputs.figures import KINDS, PLAN_KINDS, SEARCH_KINDS
 
 EXAMPLES = """
@@ -84,7 +84,7 @@ def _search(ctx: click.Context, options: dict, top: int, profile):
 @click.command("plot", epilog=EXAMPLES)
 @click.argument("kind", type=click.Choice(KINDS))
 @plan_options
-@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--out", "out", type=OutputFile("figure"), default=None,
               help="PNG file to write (default: KIND.png).")
 @click.option("--tokens", type=TOKENS, default=None, help="Training tokens, for days (days-vs-gpus needs it).")
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME", help="Hardware profile.")

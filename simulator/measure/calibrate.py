@@ -18,6 +18,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from pydantic import ValidationError
@@ -170,7 +171,7 @@ def read_raw(path: str | Path) -> dict:
     for section in ("gemm", "elementwise"):
         if not data.get(section):
             raise ProfileError(f"raw points {where} hold no {section} points, which every profile needs; "
-                               f"measure again with the {section} section")
+                               f"measure again with `python -m calibration.measure` (its --sections include {section})")
     return data
 
 
@@ -209,14 +210,21 @@ def layer_arguments(model) -> list[str]:
 
 
 def measure(device: str, raw_out: Path, *, quick: bool = False, budget_s: float | None = None,
-            layer_args: list[str] = (), timeout_s: float | None = None) -> dict:
-    """Run ``python -m calibration.measure`` in a child process and return its checked raw points."""
+            layer_args: list[str] = (), timeout_s: float | None = None,
+            progress: Callable[[str], None] | None = None) -> dict:
+    """Run ``python -m calibration.measure`` in a child process and return its checked raw points;
+    ``progress`` is given the child's line on each section as it starts and ends."""
     cmd = [sys.executable, "-m", MEASURE_MODULE, "--device", device, "--out", str(raw_out), *layer_args]
     if quick:
         cmd.append("--quick")
     if budget_s is not None:
         cmd += ["--budget-s", str(budget_s)]
-    proc = children.run(cmd, cwd=REPO, timeout=timeout_s)
+    on_line = None
+    if progress is not None:
+        def on_line(line: str) -> None:
+            if line.startswith(("[", "measuring ")):
+                progress(line)
+    proc = children.run(cmd, cwd=REPO, timeout=timeout_s, on_line=on_line)
     if not raw_out.is_file():
         tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
         raise ProfileError(f"measuring on {device} failed (exit {proc.returncode}) before writing points: {tail}")
@@ -370,7 +378,8 @@ def _fit_attention(raw: dict, gpu: GpuSpec, base: HardwareProfile | None) -> tup
     if not fused:
         if base is None:
             raise ProfileError("raw points hold no fused attention points and there is no published profile to "
-                               "take them from; measure again with the attention section")
+                               "take them from; measure again with `python -m calibration.measure` (its --sections "
+                               "include attention)")
         return base.attention, []
     peak = _peak_flops(gpu, _dtype(fused[0]["dtype"]))
     fit = fit_attention(_attention_points(fused), peak, note="torch scaled_dot_product_attention, median times")
@@ -413,10 +422,10 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None,
     sweep_rows = by[("all_reduce", mode)]
     p2p_rows = by[("send_recv", "isolated")]
     if len(sweep_rows) < 3 or len(p2p_rows) < 2:
+        why = _collectives_shortfall(raw, len(sweep_rows), len(p2p_rows))
         if base is None:
-            raise ProfileError("raw points hold too few collective points (3 all-reduce, 2 send/recv) and there is no "
-                               "published profile to take them from; measure again with the collectives section")
-        why = raw.get("sections", {}).get("collectives", {}).get("error") or "too few collective points"
+            raise ProfileError(f"{why}, and no published profile of this device has them; measure again on a quieter "
+                               "machine or give the measurement more time with --budget-s")
         return base.collectives, [], [f"collectives not measured ({why}): taken from profile {base.name!r}"]
     n = int(sweep_rows[0]["group_size"])
     backend = sweep_rows[0].get("backend", "?")
@@ -513,6 +522,24 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None,
                     / r["time_s"] - 1.0 for r in by[(kind, m)]]))
     errors.append(_error("collectives.send_recv", res))
     return CollectiveParams(nvlink=nvlink, network=network), errors, notes
+
+
+def _collectives_shortfall(raw: dict, all_reduce: int, send_recv: int) -> str:
+    """Why a link could not be fitted, as the measurement recorded it: the collectives section's own error (its
+    ranks killed, a failure), or the points it skipped to stay within its time, or that it did not run."""
+    info = raw.get("sections", {}).get("collectives")
+    have = (f"the collectives section gave {all_reduce} all-reduce and {send_recv} send/recv points where a link "
+            "needs 3 and 2")
+    if info is None:
+        return have + " (it was not run)"
+    if info.get("error"):
+        return f"{have}: {' '.join(str(info['error']).split())}"
+    skipped = info.get("skipped") or []
+    if skipped:
+        allowed = info.get("budget_s")
+        return (f"{have}: {len(skipped)} points would not have ended within the "
+                + (f"{allowed:g} s it was allowed" if isinstance(allowed, (int, float)) else "time it was allowed"))
+    return have
 
 
 def _kind_factors(rows_by_kind: dict[str, list[dict]], link_time_s) -> dict[str, tuple[tuple[float, float], ...]]:
@@ -680,8 +707,10 @@ def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = Non
 
 def calibrate(out: str | Path, *, device: str | None = None, quick: bool = False, raw_path: str | Path | None = None,
               keep_raw: str | Path | None = None, gpu: GpuSpec | None = None, name: str | None = None,
-              budget_s: float | None = None, layer_args: list[str] = ()) -> CalibrationResult:
-    """Measure (or read ``raw_path``), fit, and write the profile to ``out`` atomically."""
+              budget_s: float | None = None, layer_args: list[str] = (),
+              progress: Callable[[str], None] | None = None) -> CalibrationResult:
+    """Measure (or read ``raw_path``), fit, and write the profile to ``out`` atomically; ``progress`` is given
+    a line as each section of the measurement starts and ends."""
     if raw_path is not None:
         raw = read_raw(raw_path)
         if device is not None and raw["device"]["kind"] != device:
@@ -695,7 +724,8 @@ def calibrate(out: str | Path, *, device: str | None = None, quick: bool = False
         with tempfile.TemporaryDirectory(prefix="simulator-calibrate-") as tmp:
             raw_file = Path(tmp) / "raw.json"
             try:
-                raw = measure(device, raw_file, quick=quick, budget_s=budget_s, layer_args=list(layer_args))
+                raw = measure(device, raw_file, quick=quick, budget_s=budget_s, layer_args=list(layer_args),
+                              progress=progress)
             finally:
                 if keep_raw is not None and raw_file.is_file():
                     write_output(keep_raw, raw_file.read_bytes(), "raw points")

@@ -13,7 +13,8 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any
+import threading
+from typing import Any, Callable
 
 GRACE_S = 5.0  # how long a stopped group may take to exit before SIGKILL
 
@@ -47,15 +48,39 @@ def stop_group(proc: subprocess.Popen) -> None:
             return
 
 
-def run(cmd: list[str], *, timeout: float | None = None, **kwargs: Any) -> subprocess.CompletedProcess:
+def run(cmd: list[str], *, timeout: float | None = None, on_line: Callable[[str], None] | None = None,
+        **kwargs: Any) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True)`` whose whole process group is stopped
-    when the wait ends early; ``subprocess.TimeoutExpired`` is raised after the group is stopped."""
+    when the wait ends early; ``subprocess.TimeoutExpired`` is raised after the group is stopped.
+    ``on_line`` is given each line of the child's stdout as it comes (the whole output is still returned)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=_die_with_parent, **kwargs)
+    if on_line is None:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            stop_group(proc)
+            proc.communicate()  # close the pipes
+            raise
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    out_lines: list[str] = []
+    err_parts: list[str] = []
+
+    def pump_out() -> None:
+        for line in proc.stdout:
+            out_lines.append(line)
+            on_line(line.rstrip("\n"))
+
+    readers = [threading.Thread(target=pump_out, daemon=True),
+               threading.Thread(target=lambda: err_parts.append(proc.stderr.read()), daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
-        out, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except BaseException:
         stop_group(proc)
-        proc.communicate()  # close the pipes
         raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    finally:
+        for reader in readers:
+            reader.join(timeout=GRACE_S)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(out_lines), "".join(err_parts))

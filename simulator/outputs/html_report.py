@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from simulator.estimator.prediction import Estimate, simulate_job
 from simulator.outputs.describe import layout
 from simulator.outputs.figure_data import breakdown_label, breakdown_parts, pareto_front, request_title
 from simulator.planner.plan_search import SearchRequest, SearchResult
+from simulator.spec._io import write_output
 from simulator.spec.errors import ConfigError
 from simulator.spec.plan import Job
 from simulator.spec.units import gib
@@ -191,13 +191,8 @@ def render_html(data: dict[str, Any]) -> str:
 
 
 def write_html(data: dict[str, Any], path: Path) -> None:
-    """Write the page atomically."""
-    text = render_html(data)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Write the page as every output is written (``write_output``)."""
+    write_output(path, render_html(data), "HTML page")
 
 
 def write_search_html(result: SearchResult, req: SearchRequest, path: Path, profile=None) -> None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from pathlib import Path
 from typing import Any
 
 from simulator.outputs.describe import layout
 from simulator.planner.plan_search import SearchRequest, SearchResult
+from simulator.spec._io import write_output
 
 COLUMNS = ("rank", "tensor_parallel_size", "pipeline_parallel_size", "virtual_pipeline_stages", "data_parallel_size",
            "micro_batch_size", "sequence_parallel", "recompute_granularity", "recompute_method",
@@ -46,13 +46,9 @@ def screened_rows(result: SearchResult, req: SearchRequest) -> list[dict[str, An
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    """Write the rows as CSV (a header of ``COLUMNS``), atomically."""
+    """Write the rows as CSV (a header of ``COLUMNS``) as every output is written (``write_output``)."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(buffer.getvalue())
-    os.replace(tmp, path)
+    write_output(path, buffer.getvalue(), "CSV table")

@@ -9,10 +9,10 @@ executor returns the same rows: a point's row depends on nothing but the point.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from simulator.planner.space import plan_default
-from simulator.spec._io import build, read_mapping
+from simulator.spec._io import build, make_folder, read_mapping, write_output
 from simulator.spec.errors import ConfigError, SimulatorError
 from simulator.spec.plan import AttentionBackend
 from simulator.spec.plan_names import compact_plan_name
@@ -144,10 +144,7 @@ def _ray(points: list[SweepPoint], address: str, workers: int) -> Iterable[dict]
                           "or drop --ray-address to run on local processes") from None
     started = not ray.is_initialized()
     if started:
-        if address == "local":
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=address, log_to_driver=False)
+        connect_ray(ray, address, workers)
     try:
         remote = ray.remote(run_point)
         pending = [remote.remote(p) for p in points]
@@ -156,6 +153,29 @@ def _ray(points: list[SweepPoint], address: str, workers: int) -> Iterable[dict]
     finally:
         if started:
             ray.shutdown()
+
+
+def connect_ray(ray, address: str, workers: int) -> None:
+    """``ray.init`` for ``--ray-address``: ``local`` starts a Ray instance of ``workers`` CPUs for this sweep alone,
+    even beside a cluster already running here (which a plain ``ray.init`` would join, refusing the CPU count);
+    any other address joins that cluster. A cluster that cannot be joined (nothing listening, token
+    authentication without the token, another Ray version) is one ConfigError naming the address."""
+    try:
+        if address == "local":
+            ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, TimeoutError, RuntimeError, ValueError, OSError) as exc:
+        if ray.is_initialized():
+            ray.shutdown()
+        first = " ".join(str(exc).split())[:300] or type(exc).__name__
+        where = "start a local Ray instance" if address == "local" else f"connect to the Ray cluster at {address!r}"
+        auth = ("" if address == "local" or os.environ.get("RAY_AUTH_MODE") == "token" else
+                "; a cluster with token authentication (the default of `ray start` since Ray 2.59) is joined with "
+                "RAY_AUTH_MODE=token set and its token in RAY_AUTH_TOKEN or ~/.ray/auth_token (`ray get-auth-token` "
+                "on its head prints it)")
+        raise ConfigError(f"could not {where} ({type(exc).__name__}: {first}){auth}; or drop --ray-address to run "
+                          "on local processes") from None
 
 
 def read_results(out: Path) -> list[dict]:
@@ -172,20 +192,12 @@ def read_results(out: Path) -> list[dict]:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Replace ``path`` atomically through a unique temporary file beside it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``path`` as every output is written (``write_output``): atomically, one sentence when it cannot be."""
+    write_output(path, text, "sweep results")
 
 
 def write_results(out: Path, rows: list[dict]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, "the sweep's results")
     write_text(out / RESULTS_JSON, json.dumps(rows, indent=1, sort_keys=True) + "\n")
     lines = [",".join(COLUMNS)]
     for r in rows:
@@ -196,7 +208,9 @@ def write_results(out: Path, rows: list[dict]) -> None:
         import pyarrow.parquet as pq
     except ImportError:
         return
-    pq.write_table(pa.table({c: [r.get(c) for r in rows] for c in COLUMNS}), out / "results.parquet")
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.table({c: [r.get(c) for r in rows] for c in COLUMNS}), buffer)
+    write_output(out / "results.parquet", buffer.getvalue().to_pybytes(), "sweep results")
 
 
 def _csv_cell(value) -> str:
@@ -217,7 +231,10 @@ def run_sweep(spec: SweepSpec, out: Path, ray_address: str | None = None, worker
     todo = [p for p in points if p.key not in done]
     workers = workers or max(1, min(len(todo), os.cpu_count() or 1))
     rows_by_key = dict(done)
-    runner = _ray(todo, ray_address, workers) if ray_address else _local(todo, workers)
+    if ray_address is not None and not ray_address.strip():
+        raise ConfigError("--ray-address is empty; give local, HOST:PORT or ray://HOST:PORT, or drop it to run on "
+                          "local processes")
+    runner = _ray(todo, ray_address, workers) if ray_address is not None else _local(todo, workers)
     for i, row in enumerate(runner, 1):
         rows_by_key[row["key"]] = row
         ordered = [rows_by_key[p.key] for p in points if p.key in rows_by_key]
@@ -242,8 +259,7 @@ def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
         if r.get("status") == "ok":
             series.setdefault((r["model"], r["cluster"], r["global_batch_size"], r["seq_length"]), []).append(r)
     paths = []
-    figdir = out / "figures"
-    figdir.mkdir(parents=True, exist_ok=True)
+    figdir = make_folder(out / "figures", "the sweep's figures")
     for metric, label, name in (("training_days", "training days", "days_vs_gpus.png"),
                                 ("mfu", "MFU (%)", "mfu_vs_gpus.png")):
         if metric == "training_days" and not any(r.get(metric) for rs in series.values() for r in rs):
@@ -272,7 +288,9 @@ def sweep_figures(rows: list[dict], out: Path) -> list[Path]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = figdir / name
-        fig.savefig(path, dpi=120)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=120)
         plt.close(fig)
+        write_output(path, buffer.getvalue(), "figure")
         paths.append(path)
     return paths

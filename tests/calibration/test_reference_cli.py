@@ -26,6 +26,7 @@ def tiny(tmp_path):
     return str(path)
 
 
+@pytest.mark.measures
 def test_reference_writes_a_record_that_validate_matches(tmp_path, tiny):
     out = tmp_path / "run.json"
     result = CliRunner().invoke(cli, ["reference", "--model", tiny, *ARGS, "--out", str(out)])
