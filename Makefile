@@ -1,7 +1,7 @@
 # Entry points: `make demo` runs the main job (the GPT-3 175B / 1,024 A100 plan and its report),
 # `make test` the test suite (a few hundred fuzz cases included) but for the tests marked slow, which
-# `make test-slow` runs (`.ci/run` runs both, and test-loaded), `make fuzz` 20,000 fuzz cases, `make test-loaded` the
-# tests that measure this machine with every core kept busy by another process.
+# `make test-slow` runs, `make test-loaded` the tests that measure this machine with every core kept
+# busy by another process (`.ci/run` runs all three), `make fuzz` 20,000 fuzz cases.
 # Each creates (once) a virtual environment with the package installed in editable mode, at the
 # versions of constraints.txt; the stamp file reinstalls it when setup.cfg, pyproject.toml or
 # constraints.txt change.
