@@ -31,6 +31,11 @@ class Role(str, Enum):
     held_out = "held-out"  # not used while building
 
 
+# The profile's host block is fitted to every measured A100 set together (calibration/fit_host_overhead.py)
+HOST_FITTED = ("host.op_s", "host.backward_op_s", "host.collective_s", "host.pipeline_exchange_s",
+               "host.micro_batch_s", "host.iteration_s")
+
+
 @dataclass(frozen=True)
 class MeasuredRun:
     """One measured iteration time and the job that produced it; ``tags`` name the subsets it belongs to."""
@@ -123,8 +128,8 @@ KORTHIKANTI = DataSet(
     key="korthikanti2022",
     title="Korthikanti et al. 2022, Table 5 and Section 6.3 (DGX A100 80GB, 8-2,240 GPUs)",
     source="calibration/published/korthikanti2022.md",
-    role=Role.checked,
-    fitted=(),
+    role=Role.fitted,
+    fitted=HOST_FITTED,
     runs=_korthikanti_runs,
 )
 
@@ -180,8 +185,7 @@ VTRAIN_SINGLE_NODE = DataSet(
     title="vTrain single-node A100 runs (1,440 runs, 2-8 GPUs, Megatron-DeepSpeed, fp16)",
     source=f"calibration/published/{VTRAIN_DIR}/README.md (Bang et al., MICRO 2024; MIT license)",
     role=Role.fitted,
-    fitted=("host.op_s", "host.backward_op_s", "host.collective_s", "host.pipeline_exchange_s",
-            "host.micro_batch_s", "host.iteration_s"),
+    fitted=HOST_FITTED,
     runs=_vtrain_runs,
     subsets=("tp", "micro_batch", "pp", "hidden"),
 )
@@ -200,8 +204,8 @@ VTRAIN_MULTI_NODE = DataSet(
     key="vtrain-multi-node-dev",
     title="vTrain multi-node A100 runs (62 runs, 64-512 GPUs, 3.6B-175B, Megatron-DeepSpeed, fp16)",
     source=f"calibration/published/{VTRAIN_MULTI_DIR}/README.md (Bang et al., MICRO 2024; MIT license)",
-    role=Role.checked,
-    fitted=(),
+    role=Role.fitted,
+    fitted=HOST_FITTED,
     runs=_vtrain_multi_runs,
     subsets=("tp", "pp", "dp", "hidden"),
 )
