@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = ("pareto_gpt3_175b", "time_breakdown_top_plans", "tp_pp_heatmap", "parity", "memory_breakdown",
            "memory_vs_micro_batch", "stage_memory", "pipeline_timeline", "pipeline_timeline_zoom", "days_vs_gpus",
-           "mfu_vs_gpus", "moe_ep")
+           "mfu_vs_gpus", "moe_ep", "goodput_vs_gpus")
 FIGURES_IN_ORDER = FIGURES  # the order the README shows them
 
 
@@ -55,7 +55,7 @@ def test_every_figure_the_report_shows_is_written(fresh, data):
 
 def test_every_figure_says_what_it_shows(data):
     figures = data["figures"]
-    for name in set(FIGURES) - {"parity", "memory_breakdown", "moe_ep"}:
+    for name in set(FIGURES) - {"parity", "memory_breakdown", "moe_ep", "goodput_vs_gpus"}:
         title = figures[name]["axes"][0]["title"]
         for needle in ("gpt3-175b", "dgx-a100-80gb", "global batch 1,536", "sequence 2,048", "bf16", "unfused"):
             assert needle in title, (name, needle, title)
@@ -66,6 +66,9 @@ def test_every_figure_says_what_it_shows(data):
     assert [ax["title"].split("\n")[0] for ax in panels] == ["megatron-22b", "gpt3-175b", "mt-nlg-530b", "megatron-1t"]
     assert all("sequence 2,048" in ax["title"] for ax in panels) and "GPU memory (80 GiB)" in panels[-1]["legend"]
     assert len(figures["parity"]["axes"]) == len(data["parity"])
+    goodput = figures["goodput_vs_gpus"]  # section 9's own job: Llama 3 405B as Meta ran it
+    assert "Llama 3 405B" in goodput["title"] and "H100" in goodput["title"]
+    assert all(ax["legend"] and ax["xlabel"] == "GPUs" for ax in goodput["axes"])
 
 
 def test_the_timeline_shows_the_best_plan_of_the_search(data):
