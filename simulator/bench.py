@@ -40,12 +40,12 @@ def gpt3_job(pp: int = 16, vpp: int = 2, gbs: int = 1536, gpus: int = 1024) -> J
 def clear_caches() -> None:
     """Forget every memoised graph, cost model, route and schedule: the next evaluation starts cold."""
     import functools
-    import importlib
 
-    for name in ("layers", "timing", "estimate", "memory", "schedules", "fast_engine", "costs.collectives", "profile",
-                 "plan", "stage_work", "search_space"):
-        module = importlib.import_module(f"simulator.{name}")
-        for value in vars(module).values():
+    # every loaded module of the package, wherever it lives: a list of names goes stale when modules move
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "simulator" or name.startswith("simulator.")):
+            continue
+        for value in list(vars(module).values()):
             if isinstance(value, functools._lru_cache_wrapper):
                 value.cache_clear()
 
