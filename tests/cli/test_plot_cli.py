@@ -57,6 +57,7 @@ def test_bad_plot_input_is_one_line_and_exit_2(args, needle):
     assert len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # draws every figure of a plan (about 20 s)
 def test_plan_plots_writes_every_figure_of_the_plan(tmp_path):
     result = run("plan", *SMALL_PLAN, "--plots", tmp_path, "--json")
     assert result.exit_code == 0, result.output

@@ -319,6 +319,7 @@ def test_corrupt_profile_is_refused_by_plan(tmp_path):
     assert res.exit_code == 2 and "not valid JSON" in res.output
 
 
+@pytest.mark.slow  # a whole quick calibration of this CPU (about a minute; test-loaded runs it too)
 @pytest.mark.measures
 def test_calibrate_cpu_quick_end_to_end(tmp_path):
     """Measure this CPU for real. Either outcome keeps its contract, however busy the machine is: a profile that

@@ -37,6 +37,7 @@ def test_processes_give_the_rows_of_one_process_and_reruns_skip_what_is_done(tmp
     assert again == one and calls == []  # every point was already there
 
 
+@pytest.mark.slow  # starts a local Ray instance (about 20 s)
 def test_local_ray_gives_the_rows_of_local_processes(tmp_path):
     pytest.importorskip("ray")
     local = run_sweep(SPEC, tmp_path / "local", workers=2)
