@@ -84,8 +84,13 @@ def _least_squares(base: HardwareProfile, sets: list[DataSet], tolerance: float 
     return dict(zip(names, (res.x * scale).tolist()))
 
 
+def _a100_sets() -> list[DataSet]:
+    """The measured A100 sets this checkout holds (the CPU runs have their own profile)."""
+    return [d for d in REGISTRY if d.key != "cpu-reference-loop" and d.runs()]
+
+
 def _left_out_row(base: HardwareProfile, left_key: str) -> dict:
-    sets = [d for d in REGISTRY if d.key != "cpu-reference-loop" and d.runs()]
+    sets = _a100_sets()
     left = next(d for d in sets if d.key == left_key)
     values = _least_squares(base, [d for d in sets if d is not left], tolerance=1e-6)
     with_fit, without = evaluate(left, with_host(base, values)), evaluate(left, base)
@@ -97,7 +102,7 @@ def _left_out_row(base: HardwareProfile, left_key: str) -> dict:
 def leave_one_set_out(base: HardwareProfile, jobs: int = 1) -> dict:
     """Per A100 set: the constants fitted to the others, and the left-out set's errors with them and with none.
     ``jobs`` > 1 fits the folds in as many processes (each fold is independent of the others)."""
-    keys = [d.key for d in REGISTRY if d.key != "cpu-reference-loop" and d.runs()]
+    keys = [d.key for d in _a100_sets()]
     if jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -112,7 +117,7 @@ def leave_one_set_out(base: HardwareProfile, jobs: int = 1) -> dict:
 def fit(base: HardwareProfile) -> dict:
     """The constants fitted to every measured A100 set together, each set weighing the same, with each
     set's errors before and after (``--leave-one-set-out`` checks the same fit with each set left out)."""
-    sets = [d for d in REGISTRY if d.key != "cpu-reference-loop" and d.runs()]
+    sets = _a100_sets()
     values = _least_squares(base, sets)
     per_set = {}
     for data in sets:

@@ -297,11 +297,11 @@ def sequence_parallel_grad_bytes(job: Job, stage: int) -> int:
     return params * plan.grad_bytes
 
 
-
 def embedding_group(job: Job) -> Group:
     """The pairs of first- and last-stage ranks that all-reduce the tied embeddings' gradients."""
     shape = RankLayout.of(job).embedding_group()
     return Group(shape.size, shape.stride)
+
 
 def stage_communication(job: Job, cost, s: int) -> StageCommunication:
     plan = job.plan
