@@ -640,7 +640,7 @@ def test_kind_factors_of_the_all_reduce_itself_are_refused():
 def test_one_noisy_size_does_not_make_a_kind_factor_but_a_trend_does():
     """A single in-loop point at twice its neighbours is the tail of a mean, not the backend: the factor there is
     its neighbours'; a factor that rises with size, or a level, passes through as measured."""
-    from simulator.measure.calibrate import _kind_factors
+    from simulator.measure.calibrate_blocks import _kind_factors
 
     def rows(factors):
         return [{"bytes": 1024 * 4**i, "time_s": f} for i, f in enumerate(factors)]
