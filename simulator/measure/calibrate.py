@@ -37,6 +37,7 @@ from simulator.cost.profile import (
 )
 from simulator.measure import children
 from simulator.measure.calibrate_blocks import (
+    SWEEP_NOISE,
     BlockError,
     HeldOutGemm,
     _fit_attention,
@@ -382,3 +383,19 @@ def calibrate(out: str | Path, *, device: str | None = None, quick: bool = False
                            "measure again on an idle machine") from None
     save_profile(result.profile, out)
     return result
+
+
+__all__ = [
+    "MEASURE_MODULE",
+    "REPO",
+    "SWEEP_NOISE",
+    "BlockError",
+    "CalibrationResult",
+    "HeldOutGemm",
+    "calibrate",
+    "fit_profile",
+    "gpu_for_device",
+    "layer_arguments",
+    "measure",
+    "read_raw",
+]
