@@ -30,68 +30,13 @@ from simulator.graph.ops import (
     elementwise,
     gemm,
 )
+from simulator.graph.module_base import Dims, Module
 
 FP8_BYTES = 1
 INDEX_BYTES = 8  # torch's int64 indices (top-k, sort)
 # Transformer Engine's default userbuffers recipe: a GEMM feeding a reduce-scatter is pipelined in 4
 # splits; an all-gather feeding a GEMM is a ring exchange of one chunk per TP rank.
 REDUCE_SCATTER_SPLITS = 4
-
-
-@dataclass(frozen=True)
-class Dims:
-    """Per-rank sizes of one layer for a micro-batch."""
-
-    s: int
-    b: int
-    h: int
-    a: int  # attention heads on this rank
-    kv: int  # key/value width on this rank
-    d: int  # head size
-    f: int  # MLP inner width on this rank (per matrix)
-    t: int
-    sp: bool
-    ab: int  # activation bytes per element
-    mlp_in: int  # fc1 output width on this rank (2f with SwiGLU)
-    gb: int = FP32_BYTES  # gradient buffer (main_grad) bytes per element
-    tp_overlap: bool = False  # --tp-comm-overlap: SP collectives pipelined with their GEMMs in chunks
-    cp: int = 1  # context-parallel ranks sharing each sequence (s / cp tokens each, t ranks apart)
-
-    @property
-    def tokens(self) -> int:
-        """Tokens of this rank's micro-batch: all of them, or s b / cp under context parallelism."""
-        return self.s * self.b // self.cp
-
-    @property
-    def local_tokens(self) -> int:
-        """Tokens a norm or dropout sees: all of them, or s/t of them under sequence parallelism."""
-        return self.tokens // self.t if self.sp else self.tokens
-
-    @property
-    def full_activation_bytes(self) -> int:
-        """One [s, b, h] activation of all tokens: what a tensor-parallel collective moves."""
-        return self.tokens * self.h * self.ab
-
-    @property
-    def chunked(self) -> bool:
-        """Whether SP's collectives run chunk by chunk beside their GEMMs (``--tp-comm-overlap``)."""
-        return self.tp_overlap and self.sp and self.t > 1
-
-    @property
-    def tp_reduce(self) -> CollectiveKind:
-        """Row-parallel outputs are all-reduced, or reduce-scattered over the sequence under SP."""
-        return CollectiveKind.reduce_scatter if self.sp else CollectiveKind.all_reduce
-
-
-class Module:
-    """A part of the layer: ``forward`` adds its ops; ``backward`` adds its gradient's and returns the
-    op its input gradient comes from."""
-
-    def forward(self, g: GraphBuilder) -> None:
-        raise NotImplementedError
-
-    def backward(self, g: GraphBuilder, after: str) -> str:
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -657,3 +602,24 @@ def build_backward(modules: list[Module], first: Op | None = None) -> GraphBuild
     for m in reversed(modules):
         after = m.backward(g, after)
     return g
+
+
+__all__ = [
+    "FP8_BYTES",
+    "INDEX_BYTES",
+    "REDUCE_SCATTER_SPLITS",
+    "Activation",
+    "ColumnParallelLinear",
+    "ContextParallelAttention",
+    "CoreAttention",
+    "Dims",
+    "DropoutAdd",
+    "FlashAttention",
+    "MoEMLP",
+    "Module",
+    "Norm",
+    "Rotary",
+    "RowParallelLinear",
+    "build_backward",
+    "build_forward",
+]
