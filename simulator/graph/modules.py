@@ -10,30 +10,33 @@ Shapes follow Korthikanti et al. 2022 (Table 1): s sequence, b micro-batch, h hi
 t tensor-parallel size. With sequence parallelism the norms, dropouts and residual adds work on
 s/t tokens; Megatron's ``ColumnParallelLinear`` then saves its *sharded* input and all-gathers
 it again in the backward pass, which is what makes every activation divisible by t (Eq. 4).
+
+Here are the dense parts (norms, dropout-adds, the tensor-parallel linears, the activation, rotary
+embedding) and the builders; attention is declared in ``simulator.graph.attention``, the mixture of
+experts in ``simulator.graph.moe``, both on the sizes and contract of ``simulator.graph.module_base``,
+and every part is offered from here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from simulator.graph.attention import ContextParallelAttention, CoreAttention, FlashAttention
+from simulator.graph.module_base import Dims, Module
+from simulator.graph.moe import INDEX_BYTES, MoEMLP
 from simulator.graph.ops import (
-    CORE_ATTENTION,
-    FP32_BYTES,
     MASK_BYTES,
     CollectiveKind,
     GemmShape,
     GraphBuilder,
     Op,
-    OpKind,
     SavedTensor,
     collective,
     elementwise,
     gemm,
 )
-from simulator.graph.module_base import Dims, Module
 
 FP8_BYTES = 1
-INDEX_BYTES = 8  # torch's int64 indices (top-k, sort)
 # Transformer Engine's default userbuffers recipe: a GEMM feeding a reduce-scatter is pipelined in 4
 # splits; an all-gather feeding a GEMM is a ring exchange of one chunk per TP rank.
 REDUCE_SCATTER_SPLITS = 4
@@ -269,323 +272,6 @@ class Rotary(Module):
 
     def backward(self, g: GraphBuilder, after: str) -> str:
         return g.add(elementwise("rotary.backward", self.numel, 1, 1, self.dm.ab), after=(after,))
-
-
-@dataclass(frozen=True)
-class FlashAttention(Module):
-    """A fused causal attention kernel that never materialises the s x s scores; it keeps q, k, v and
-    the per-row log-sum-exp. Its backward recomputes the scores: 2.5x the forward's FLOPs (FA2)."""
-
-    dm: Dims
-
-    def forward(self, g: GraphBuilder) -> None:
-        dm = self.dm
-        q, kv = dm.tokens * dm.a * dm.d, dm.tokens * dm.kv
-        saves = (SavedTensor("q", q, dm.ab, region_input=True), SavedTensor("k", kv, dm.ab, region_input=True),
-                 SavedTensor("v", kv, dm.ab, region_input=True),
-                 SavedTensor("attention.logsumexp", dm.b * dm.a * dm.s, FP32_BYTES))
-        g.add(Op("attention", OpKind.flash_attention, flops=self.flops, saves=saves, region=CORE_ATTENTION,
-                 attention=(dm.b * dm.a, dm.s, dm.d, True)))
-
-    @property
-    def flops(self) -> float:
-        dm = self.dm
-        return 4.0 * dm.b * dm.a * dm.s * dm.s * dm.d / 2  # causal mask skips half of QK^T and PV
-
-    def backward(self, g: GraphBuilder, after: str) -> str:
-        dm = self.dm
-        return g.add(Op("attention.backward", OpKind.flash_attention, flops=2.5 * self.flops, region=CORE_ATTENTION,
-                        attention=(dm.b * dm.a, dm.s, dm.d, True)), after=(after,))
-
-
-@dataclass(frozen=True)
-class ContextParallelAttention(Module):
-    """Fused causal attention over a sequence split across ``cp`` ranks (Transformer Engine's context
-    parallelism), each holding 2 of 2 cp load-balanced chunks, so every rank does 1/cp of the work.
-
-    ``p2p`` (ring attention): the cp blocks of keys and values travel around the CP group; block i's
-    attention runs while block i + 1 arrives, and the backward passes the key/value gradients along too.
-    ``a2a`` (Ulysses): all-to-alls turn the sequence split into a head split and back, and attention runs
-    over the whole sequence for a / cp heads. ``allgather``: keys and values are all-gathered, their
-    gradients reduce-scattered. Each keeps what flash attention keeps, for its own tokens.
-    """
-
-    dm: Dims
-    comm: str
-
-    @property
-    def _flops(self) -> float:
-        dm = self.dm
-        return 4.0 * dm.b * dm.a * dm.s * dm.s * dm.d / 2 / dm.cp  # this rank's share of the causal product
-
-    def _kv_bytes(self) -> int:
-        return 2 * self.dm.tokens * self.dm.kv * self.dm.ab  # this rank's keys and values
-
-    def _attention(self, name: str, flops: float, seq: int, saves=()) -> Op:
-        dm = self.dm
-        return Op(name, OpKind.flash_attention, flops=flops, saves=tuple(saves), region=CORE_ATTENTION,
-                  attention=(dm.b * dm.a, seq, dm.d, True))
-
-    def _comm(self, name: str, kind: CollectiveKind, nbytes: int):
-        # inside the core-attention region: selective recompute replays the attention, and with it the
-        # exchanges that bring its keys and values
-        return collective(name, kind, nbytes, self.dm.cp, self.dm.t, region=CORE_ATTENTION)
-
-    def forward(self, g: GraphBuilder) -> None:
-        dm = self.dm
-        q, kv = dm.tokens * dm.a * dm.d, dm.tokens * dm.kv
-        saves = (SavedTensor("q", q, dm.ab, region_input=True), SavedTensor("k", kv, dm.ab, region_input=True),
-                 SavedTensor("v", kv, dm.ab, region_input=True),
-                 SavedTensor("attention.logsumexp", dm.b * dm.a * dm.s // dm.cp, FP32_BYTES))
-        if self.comm == "p2p":
-            self._ring(g, "attention", 1.0, self._kv_bytes(), saves)
-        elif self.comm == "a2a":
-            g.add(self._comm("attention.a2a_qkv", CollectiveKind.all_to_all, dm.tokens * (dm.a * dm.d + 2 * dm.kv) * dm.ab))
-            g.add(self._attention("attention", self._flops, dm.s, saves))
-            g.add(self._comm("attention.a2a_out", CollectiveKind.all_to_all, q * dm.ab))
-        else:
-            g.add(self._comm("attention.kv_all_gather", CollectiveKind.all_gather, self._kv_bytes() * dm.cp))
-            g.add(self._attention("attention", self._flops, dm.s // dm.cp, saves))
-
-    def _ring(self, g: GraphBuilder, name: str, scale: float, block_bytes: int, saves=(),
-              after: str | None = None) -> str:
-        """cp attention blocks, each after the previous one and after its keys and values arrived; the
-        exchange that brings block i + 1 runs beside block i."""
-        start = after if after is not None else g.last
-        first = (start,) if start is not None else ()
-        per_block = scale * self._flops / self.dm.cp
-        compute = exchange = None
-        for i in range(self.dm.cp):
-            deps = first if i == 0 else tuple(d for d in (compute, exchange) if d is not None)
-            compute = g.add(self._attention(f"{name}.block{i}", per_block, self.dm.s // self.dm.cp,
-                                            saves if i == 0 else ()), after=deps)
-            if i < self.dm.cp - 1:
-                exchange = g.add(self._comm(f"{name}.kv_exchange{i}", CollectiveKind.send_recv, block_bytes),
-                                 after=(exchange,) if exchange else first)
-        g.last = compute
-        return compute
-
-    def backward(self, g: GraphBuilder, after: str) -> str:
-        dm = self.dm
-        if self.comm == "p2p":  # keys and values travel again, with their gradients
-            return self._ring(g, "attention.backward", 2.5, 2 * self._kv_bytes(), after=after)
-        if self.comm == "a2a":
-            g.add(self._comm("attention.backward.a2a_out", CollectiveKind.all_to_all, dm.tokens * dm.a * dm.d * dm.ab),
-                  after=(after,))
-            g.add(self._attention("attention.backward", 2.5 * self._flops, dm.s))
-            return g.add(self._comm("attention.backward.a2a_qkv", CollectiveKind.all_to_all,
-                                    dm.tokens * (dm.a * dm.d + 2 * dm.kv) * dm.ab))
-        g.add(self._comm("attention.backward.kv_all_gather", CollectiveKind.all_gather, self._kv_bytes() * dm.cp),
-              after=(after,))
-        g.add(self._attention("attention.backward", 2.5 * self._flops, dm.s // dm.cp))
-        return g.add(self._comm("attention.backward.kv_reduce_scatter", CollectiveKind.reduce_scatter,
-                                self._kv_bytes() * dm.cp))
-
-
-@dataclass(frozen=True)
-class CoreAttention(Module):
-    """Megatron's unfused attention: QK^T, the softmax (``softmax``: its kernels as (name, bytes read,
-    bytes written) per score element), dropout on the probabilities, the product with V, and the
-    permute-copy of the context back to [s, b, heads x d]. The region selective recompute replays."""
-
-    dm: Dims
-    softmax: tuple[tuple[str, float, float], ...]
-    dropout: float
-
-    @property
-    def probs(self) -> int:
-        return self.dm.b * self.dm.a * self.dm.s * self.dm.s
-
-    def _scores(self) -> GemmShape:
-        return GemmShape(self.dm.s, self.dm.s, self.dm.d, batch=self.dm.b * self.dm.a)
-
-    def _context(self) -> GemmShape:
-        return GemmShape(self.dm.s, self.dm.d, self.dm.s, batch=self.dm.b * self.dm.a)
-
-    def forward(self, g: GraphBuilder) -> None:
-        dm, probs, ab = self.dm, self.probs, self.dm.ab
-        q, kv = dm.tokens * dm.a * dm.d, dm.tokens * dm.kv
-        g.add(gemm("attention_scores", self._scores(), kind=OpKind.batched_gemm, region=CORE_ATTENTION, saves=(
-            SavedTensor("q", q, ab, region_input=True), SavedTensor("k", kv, ab, region_input=True))))
-        for name, read, write in self.softmax:  # the softmax keeps its output, in the dtype it computes in
-            saves = (SavedTensor("softmax.output", probs, int(write)),) if name == "softmax" else ()
-            g.add(elementwise(name, probs, read / ab, write / ab, ab, region=CORE_ATTENTION, saves=saves))
-        context_saves = [SavedTensor("v", kv, ab, region_input=True)]
-        if any(name == "softmax.cast_back" for name, _, _ in self.softmax) and self.dropout == 0:
-            # the context GEMM keeps the cast-back copy
-            context_saves.append(SavedTensor("softmax.cast_back.output", probs, ab))
-        if self.dropout > 0:
-            g.add(elementwise("attention_dropout", probs, 1, 1, ab, region=CORE_ATTENTION, mask=True,
-                              saves=(SavedTensor("attention_dropout.mask", probs, MASK_BYTES),)))
-            context_saves.append(SavedTensor("attention_dropout.output", probs, ab))
-        # without dropout the context GEMM keeps the softmax output, already counted once
-        g.add(gemm("attention_context", self._context(), kind=OpKind.batched_gemm, region=CORE_ATTENTION,
-                   saves=tuple(context_saves)))
-        # [b * heads, s, d] -> [s, b, heads * d] for the projection: permute(...).contiguous() copies
-        g.add(elementwise("attention_context.copy", q, 1, 1, ab, region=CORE_ATTENTION))
-
-    def backward(self, g: GraphBuilder, after: str) -> str:
-        dm, probs, ab = self.dm, self.probs, self.dm.ab
-        ctx, sc = self._context(), self._scores()
-        g.add(elementwise("attention_context.copy.backward", dm.tokens * dm.a * dm.d, 1, 1, ab), after=(after,))
-        g.add(gemm("attention_context.dgrad_probs", GemmShape(ctx.m, ctx.k, ctx.n, ctx.batch), kind=OpKind.batched_gemm))
-        g.add(gemm("attention_context.dgrad_v", GemmShape(ctx.k, ctx.n, ctx.m, ctx.batch), kind=OpKind.batched_gemm))
-        if self.dropout > 0:
-            g.add(elementwise("attention_dropout.backward", probs, 1, 1, ab, mask=True))
-        for name, read, write in reversed(self.softmax):
-            if name == "softmax":  # reads its output and the gradient, writes the input gradient
-                g.add(elementwise("softmax.backward", probs, 3 * write / ab - 1, 1, ab))
-            else:  # the gradient passes through: read in one dtype, written in the other
-                g.add(elementwise(f"{name}.backward", probs, write / ab, read / ab, ab))
-        g.add(gemm("attention_scores.dgrad_q", GemmShape(sc.m, sc.k, sc.n, sc.batch), kind=OpKind.batched_gemm))
-        return g.add(gemm("attention_scores.dgrad_k", GemmShape(sc.n, sc.k, sc.m, sc.batch), kind=OpKind.batched_gemm))
-
-
-@dataclass(frozen=True)
-class MoEMLP(Module):
-    """A mixture-of-experts MLP as Megatron-Core runs it (``MoELayer``): a router (a GEMM to the experts'
-    scores, softmax and top-k in fp32), the token dispatcher, the local experts and the combine.
-
-    ``alltoall``: the routed tokens are permuted by expert and exchanged over the EP group (and all-gathered
-    over the expert-TP group when experts are split), computed, and sent back the same way. ``allgather``:
-    every rank of the TP x EP group all-gathers the group's tokens, keeps those of its experts, and the
-    outputs are reduce-scattered back. The experts of a rank run as one grouped GEMM (``grouped``) or one
-    GEMM each. Each expert sees its share of the routed tokens times the load imbalance planned for (the
-    busiest rank sets the pace), capped by the capacity factor where tokens beyond it are dropped.
-    """
-
-    dm: Dims
-    experts: int
-    topk: int
-    expert_ffn: int  # one expert's inner size, all expert-TP ranks together
-    swiglu: bool
-    ep: int
-    etp: int
-    dispatcher: str
-    grouped: bool
-    imbalance: float
-    ep_stride: int  # ranks between EP members (the expert-TP size)
-
-    @property
-    def _local_experts(self) -> int:
-        return self.experts // self.ep
-
-    @property
-    def _routed(self) -> int:
-        """Token copies this rank routes: its tokens times top-k."""
-        return self.dm.local_tokens * self.topk
-
-    @property
-    def _expert_tokens(self) -> int:
-        """Token copies this rank's experts compute on (the busiest rank)."""
-        return max(1, round(self._routed * self.etp * self.imbalance))
-
-    def _ffn(self) -> tuple[int, int]:
-        f = self.expert_ffn // self.etp
-        return (2 * f if self.swiglu else f), f
-
-    def _expert_shape(self, n: int, k: int) -> GemmShape:
-        per = max(1, -(-self._expert_tokens // self._local_experts))
-        return GemmShape(per, n, k, batch=self._local_experts, grouped=self.grouped)
-
-    def forward(self, g: GraphBuilder) -> None:
-        dm, ab, h = self.dm, self.dm.ab, self.dm.h
-        t_local, routed, tokens = dm.local_tokens, self._routed, self._expert_tokens
-        fin, f = self._ffn()
-        g.add(gemm("router", GemmShape(t_local, self.experts, h),
-                   saves=(SavedTensor("router.input", t_local * h, ab),)))
-        g.add(elementwise("router.topk", t_local * self.experts, FP32_BYTES / ab, FP32_BYTES / ab, ab,
-                          saves=(SavedTensor("router.probs", t_local * self.topk, FP32_BYTES),
-                                 SavedTensor("router.topk_indices", t_local * self.topk, INDEX_BYTES))))
-        self._dispatch(g, routed, tokens)
-        g.add(gemm("experts.fc1", self._expert_shape(fin, h), saves=(SavedTensor("experts.fc1.input", tokens * h, ab),)))
-        # the activation is scaled by each copy's router probability, which it keeps for its backward
-        g.add(elementwise("experts.activation", tokens * fin, 1, f / fin, ab,
-                          saves=(SavedTensor("experts.activation.input", tokens * fin, ab),
-                                 SavedTensor("experts.permuted_probs", tokens, ab))))
-        g.add(gemm("experts.fc2", self._expert_shape(h, f), saves=(SavedTensor("experts.fc2.input", tokens * f, ab),)))
-        self._combine(g, routed, tokens)
-
-    def _tokens_per_expert(self, g: GraphBuilder) -> None:
-        """The per-expert token counts copied to the host, which sizes the all-to-all's splits and the
-        experts' GEMMs from them: the host waits for the device to drain here, once per MoE layer forward."""
-        g.add(replace(elementwise("moe.tokens_per_expert", self.experts, 1, 1, INDEX_BYTES), host_sync=True))
-
-    def _dispatch(self, g: GraphBuilder, routed: int, tokens: int) -> None:
-        dm, ab, h = self.dm, self.dm.ab, self.dm.h
-        self._tokens_per_expert(g)
-        # the permutation's index map (int64), kept to unpermute: one per copy the permute moves, on
-        # the routing side (alltoall) or on the experts' side (allgather)
-        if self.dispatcher == "alltoall":
-            g.add(elementwise("moe.permute", routed * h, 1, 1, ab,
-                              saves=(SavedTensor("moe.permute.indices", routed, INDEX_BYTES),)))
-            g.add(collective("moe.dispatch_all_to_all", CollectiveKind.all_to_all, routed * h * ab, self.ep,
-                             self.ep_stride))
-            if self.etp > 1:
-                g.add(collective("moe.dispatch_all_gather", CollectiveKind.all_gather, tokens * h * ab, self.etp))
-        else:
-            group = self.ep * self.etp
-            g.add(collective("moe.dispatch_all_gather", CollectiveKind.all_gather, dm.local_tokens * group * h * ab,
-                             group))
-            g.add(elementwise("moe.permute", tokens * h, 1, 1, ab,
-                              saves=(SavedTensor("experts.sorted_indices", tokens, INDEX_BYTES),)))
-
-    def _combine(self, g: GraphBuilder, routed: int, tokens: int) -> None:
-        dm, ab, h = self.dm, self.dm.ab, self.dm.h
-        if self.dispatcher == "alltoall":
-            if self.etp > 1:
-                g.add(collective("moe.combine_reduce_scatter", CollectiveKind.reduce_scatter, tokens * h * ab,
-                                 self.etp))
-            g.add(collective("moe.combine_all_to_all", CollectiveKind.all_to_all, routed * h * ab, self.ep,
-                             self.ep_stride))
-        else:
-            group = self.ep * self.etp
-            g.add(elementwise("moe.unpermute_local", tokens * h, 1, 1, ab))
-            g.add(collective("moe.combine_reduce_scatter", CollectiveKind.reduce_scatter,
-                             dm.local_tokens * group * h * ab, group))
-        # unpermute and sum each token's top-k outputs weighted by its router probabilities
-        g.add(elementwise("moe.unpermute", routed * h, 1, 1 / self.topk, ab))
-
-    def backward(self, g: GraphBuilder, after: str) -> str:
-        dm, ab, h = self.dm, self.dm.ab, self.dm.h
-        t_local, routed, tokens = dm.local_tokens, self._routed, self._expert_tokens
-        fin, f = self._ffn()
-        g.add(elementwise("moe.unpermute.backward", routed * h, 1 / self.topk, 1, ab), after=(after,))
-        if self.dispatcher == "alltoall":
-            g.add(collective("moe.combine_all_to_all.backward", CollectiveKind.all_to_all, routed * h * ab, self.ep,
-                             self.ep_stride))
-            if self.etp > 1:
-                g.add(collective("moe.combine_reduce_scatter.backward", CollectiveKind.all_gather, tokens * h * ab,
-                                 self.etp))
-        else:
-            group = self.ep * self.etp
-            g.add(collective("moe.combine_reduce_scatter.backward", CollectiveKind.all_gather,
-                             t_local * group * h * ab, group))
-        for name, shape, act in (("experts.fc2", self._expert_shape(h, f), True),
-                                 ("experts.fc1", self._expert_shape(fin, h), False)):
-            dgrad = g.add(gemm(f"{name}.dgrad", replace(shape, n=shape.k, k=shape.n)))
-            g.add(gemm(f"{name}.wgrad", GemmShape(shape.k, shape.n, shape.m, batch=shape.batch, grouped=shape.grouped,
-                                                   accumulate_bytes=dm.gb)), after=(dgrad,))
-            g.last = dgrad
-            if act:
-                g.add(elementwise("experts.activation.backward", tokens * fin, 2, 1, ab))
-        if self.dispatcher == "alltoall":
-            if self.etp > 1:
-                g.add(collective("moe.dispatch_all_gather.backward", CollectiveKind.reduce_scatter, tokens * h * ab,
-                                 self.etp))
-            g.add(collective("moe.dispatch_all_to_all.backward", CollectiveKind.all_to_all, routed * h * ab, self.ep,
-                             self.ep_stride))
-            g.add(elementwise("moe.permute.backward", routed * h, 1, 1 / self.topk, ab))
-        else:
-            group = self.ep * self.etp
-            g.add(elementwise("moe.permute.backward", tokens * h, 1, 1, ab))
-            g.add(collective("moe.dispatch_all_gather.backward", CollectiveKind.reduce_scatter,
-                             t_local * group * h * ab, group))
-        g.add(elementwise("router.topk.backward", t_local * self.experts, 2 * FP32_BYTES / ab, FP32_BYTES / ab, ab))
-        dgrad = g.add(gemm("router.dgrad", GemmShape(t_local, h, self.experts)))
-        g.add(gemm("router.wgrad", GemmShape(h, self.experts, t_local, accumulate_bytes=dm.gb)), after=(dgrad,))
-        g.last = dgrad
-        return dgrad
 
 
 def build_forward(modules: list[Module]) -> GraphBuilder:
