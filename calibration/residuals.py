@@ -1,0 +1,155 @@
+"""Where the model still misses the measured A100 sets, in the units a mechanism would be stated in.
+
+    python -m calibration.residuals [--out calibration/published/residuals.json]
+
+A mean error says how wrong the model is; a mechanism is found by asking what the missing time
+scales with. This prints, from the published A100 profile and the development sets alone:
+
+- vTrain single-node: the signed error by tensor-parallel size and micro-batch, and for TP 8 (all
+  of it one pipeline stage, no data parallelism) the missing time per tensor-parallel all-reduce by
+  hidden size and micro-batch: (measured - predicted) / (layers x micro-batches x 6), the 6 being
+  Megatron's all-reduces of one layer without sequence parallelism under full recompute (the two
+  RowParallelLinear outputs in the forward and again in its recompute, the two ColumnParallelLinear
+  input gradients in the backward). A constant per all-reduce points at the collective in the
+  loop; one that follows the micro-batch points at compute. And the error by the number of
+  attention score matrices a rank holds (micro-batch x heads / TP), the batch count of the attention
+  core's batched GEMMs and softmax, which the measured times do not follow smoothly.
+- vTrain multi-node: the missing time per iteration of the single-stage runs, by hidden size and TP
+  (and so by how many data-parallel groups share a node's NICs, 8 / TP), which is constant across
+  micro-batch sizes if it is a per-iteration cost.
+- What-ifs the sets suggest but no source supports, each with every set's error under it, so that
+  a change made later for a measured reason can be compared with what the sets alone would have
+  asked for. Nothing here changes the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from simulator.measure.datasets import REGISTRY, DataSet, evaluate
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "published" / "residuals.json"
+ALL_REDUCES_PER_LAYER = 6  # no SP, full recompute: 2 forward + 2 recomputed forward + 2 backward
+
+
+def _set(key: str) -> DataSet:
+    return next(d for d in REGISTRY if d.key == key)
+
+
+def _rows(data: DataSet, profile=None, plan_update: dict | None = None) -> list[tuple]:
+    """(run, predicted_s) for every run, the plan changed by ``plan_update`` where given."""
+    from simulator.estimator.prediction import estimate
+
+    out = []
+    for run in data.runs():
+        job = run.job
+        if plan_update:
+            job = job.model_copy(update={"plan": job.plan.model_copy(update=plan_update)})
+        out.append((run, estimate(job, profile).iteration_time_s))
+    return out
+
+
+def _micro_batches(job) -> int:
+    p = job.plan
+    return p.global_batch_size // (p.data_parallel_size * p.micro_batch_size)
+
+
+def _by_numbers(items) -> list:
+    """Dict items ordered by the numbers in their keys ("tp2 mbs8" before "tp16 mbs1")."""
+    return sorted(items, key=lambda kv: [int(n) for n in re.findall(r"\d+", kv[0])])
+
+
+def _stats(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "runs": len(values)}
+
+
+def single_node(rows: list[tuple]) -> dict:
+    by_tp_mbs, by_batches, tp8 = defaultdict(list), defaultdict(list), defaultdict(list)
+    for run, predicted in rows:
+        p, m = run.job.plan, run.job.model
+        by_tp_mbs[f"tp{p.tensor_parallel_size} mbs{p.micro_batch_size}"].append(predicted / run.measured_s - 1)
+        batches = p.micro_batch_size * m.num_attention_heads // p.tensor_parallel_size
+        by_batches[f"h{m.hidden_size} tp{p.tensor_parallel_size} batches{batches}"].append(
+            predicted / run.measured_s - 1)
+        if p.tensor_parallel_size == 8 and p.pipeline_parallel_size == 1:
+            calls = run.job.model.num_layers * _micro_batches(run.job) * ALL_REDUCES_PER_LAYER
+            key = f"h{run.job.model.hidden_size} mbs{p.micro_batch_size}"
+            tp8[key].append((run.measured_s - predicted) / calls * 1e6)
+    return {"signed_error_by_tp_and_micro_batch": {k: _stats(v) for k, v in _by_numbers(by_tp_mbs.items())},
+            "signed_error_by_attention_batches": {k: _stats(v) for k, v in _by_numbers(by_batches.items())},
+            "tp8_missing_us_per_all_reduce": {k: _stats(v) for k, v in _by_numbers(tp8.items())}}
+
+
+def multi_node(rows: list[tuple]) -> dict:
+    missing = defaultdict(list)
+    for run, predicted in rows:
+        p = run.job.plan
+        if p.pipeline_parallel_size == 1:
+            key = f"h{run.job.model.hidden_size} tp{p.tensor_parallel_size} dp{p.data_parallel_size}"
+            missing[key].append(run.measured_s - predicted)
+    return {"missing_s_per_iteration_single_stage": {k: _stats(v) for k, v in _by_numbers(missing.items())}}
+
+
+WHAT_IFS = {
+    # Megatron's default under fp16 reduces gradients in the model's 2-byte dtype, and DeepSpeed's
+    # communication dtype defaults to fp16 as well; nothing in the sets' READMEs says otherwise.
+    "gradients reduced in fp32": {"accumulate_allreduce_grads_in_fp32": True},
+}
+
+
+def what_ifs() -> dict:
+    out = {}
+    sets = [d for d in REGISTRY if d.key != "cpu-reference-loop" and d.runs()]
+    for name, update in WHAT_IFS.items():
+        out[name] = {}
+        for data in sets:
+            errors = [predicted / run.measured_s - 1 for run, predicted in _rows(data, plan_update=update)]
+            out[name][data.key] = {"mean_abs_error": statistics.fmean(map(abs, errors)),
+                                   "bias": statistics.fmean(errors)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    single, multi = _set("vtrain-single-node"), _set("vtrain-multi-node-dev")
+    base = {d.key: evaluate(d) for d in REGISTRY if d.key != "cpu-reference-loop" and d.runs()}
+    result = {
+        "command": "python -m calibration.residuals",
+        "sets": {k: {"mean_abs_error": e.mean_abs_error, "bias": e.bias} for k, e in base.items()},
+        "vtrain-single-node": single_node(_rows(single)),
+        "vtrain-multi-node-dev": multi_node(_rows(multi)),
+        "what_if": what_ifs(),
+    }
+    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"{args.out}")
+    for key, e in result["sets"].items():
+        print(f"  {key}: mean abs error {e['mean_abs_error']:.1%}, bias {e['bias']:+.1%}")
+    print("vTrain single-node, signed error by TP and micro-batch:")
+    for key, s in result["vtrain-single-node"]["signed_error_by_tp_and_micro_batch"].items():
+        print(f"  {key:12s} {s['mean']:+.1%} ({s['runs']} runs)")
+    print("vTrain single-node, signed error by hidden size, TP and attention score matrices per rank "
+          "(micro-batch x heads / TP):")
+    for key, s in result["vtrain-single-node"]["signed_error_by_attention_batches"].items():
+        print(f"  {key:24s} {s['mean']:+.1%} ({s['runs']} runs)")
+    print("vTrain single-node TP 8, missing time per tensor-parallel all-reduce (us):")
+    for key, s in result["vtrain-single-node"]["tp8_missing_us_per_all_reduce"].items():
+        print(f"  {key:12s} {s['mean']:6.0f} (range {s['min']:.0f} to {s['max']:.0f}, {s['runs']} runs)")
+    print("vTrain multi-node, single-stage runs, missing time per iteration (s):")
+    for key, s in result["vtrain-multi-node-dev"]["missing_s_per_iteration_single_stage"].items():
+        print(f"  {key:20s} {s['mean']:+.2f} (range {s['min']:+.2f} to {s['max']:+.2f}, {s['runs']} runs)")
+    for name, per_set in result["what_if"].items():
+        print(f"what if {name} (not applied):")
+        for key, e in per_set.items():
+            print(f"  {key}: mean abs error {e['mean_abs_error']:.1%}, bias {e['bias']:+.1%}")
+
+
+if __name__ == "__main__":
+    main()
