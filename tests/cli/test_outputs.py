@@ -259,10 +259,16 @@ def test_write_output_refuses_a_folder(tmp_path):
 
 # --- calibrate: child processes, temporary folders, --keep-raw ----------------------------------
 
+def _default_sigint() -> None:  # runs in the child between fork and exec
+    # A command a shell runs in the foreground gets Ctrl-C; one started in the background (a CI step, `cmd &`)
+    # inherits SIGINT ignored, and Python then keeps ignoring it. The test stands for the first.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run_cli(measure_module: str, *args: str, cwd: Path, env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(REPO / "tests" / "cli" / "helpers" / "run_cli.py"), measure_module,
                              *args], cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
 
 
 def _alive(pid: int) -> bool:
