@@ -226,14 +226,16 @@ def run_sweep(spec: SweepSpec, out: Path, ray_address: str | None = None, worker
               progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Run every point not already in ``out``; write the table after each point (resumable); return all rows
     in grid order."""
+    if ray_address is not None and not ray_address.strip():
+        raise ConfigError("--ray-address is empty; give local, HOST:PORT or ray://HOST:PORT, or drop it to run on "
+                          "local processes")
     points = spec.points()
+    # a folder that cannot be made is refused before any point is searched, and before a resume reads it
+    out = make_folder(out, "the sweep's results")
     done = {r["key"]: r for r in read_results(out)}
     todo = [p for p in points if p.key not in done]
     workers = workers or max(1, min(len(todo), os.cpu_count() or 1))
     rows_by_key = dict(done)
-    if ray_address is not None and not ray_address.strip():
-        raise ConfigError("--ray-address is empty; give local, HOST:PORT or ray://HOST:PORT, or drop it to run on "
-                          "local processes")
     runner = _ray(todo, ray_address, workers) if ray_address is not None else _local(todo, workers)
     for i, row in enumerate(runner, 1):
         rows_by_key[row["key"]] = row

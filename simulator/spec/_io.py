@@ -284,7 +284,7 @@ def _new_file_mode() -> int:
 
 def make_folder(folder: str | os.PathLike, what: str) -> Path:
     """Create ``folder`` (and its parents) for ``what``; a path that cannot be a folder is one OutputError."""
-    folder = check_name(folder, what, OutputError)
+    folder = check_name(folder, what.removeprefix("the "), OutputError)  # it says "the {what} path"
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except FileExistsError:

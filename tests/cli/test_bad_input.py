@@ -439,3 +439,17 @@ def test_search_refuses_flags_plan_refuses_with_the_same_sentence(flags):
 ])
 def test_search_pins_are_bounded_like_plans(flags, needle):
     refused("search", *SEARCH_H100, *flags, needle=needle)
+
+
+@pytest.mark.parametrize("command", ["sweep", "report"])
+def test_an_output_folder_name_too_long_is_one_sentence(tmp_path, command):
+    folder = tmp_path / ("o" * 300)
+    if command == "sweep":
+        spec = tmp_path / "spec.yaml"
+        spec.write_text("models: [gpt3-125m]\ngpus: [8]\nglobal_batch_sizes: [8]\n")
+        line = refused("sweep", str(spec), "--out", str(folder), "--workers", "1", needle="more than the 255")
+        assert line.startswith("error: the sweep's results path has a name of 300 bytes"), line
+    else:
+        line = refused("report", "--out", str(folder), needle="more than the 255")
+        assert line.startswith("error: the report path has a name of 300 bytes"), line
+    assert folder.name not in {p.name for p in tmp_path.iterdir()}
