@@ -51,6 +51,7 @@ READERS: list[tuple[str, Callable[[Path], Any]]] = [
     ("calibration/published/vtrain-multi-node-dev/*.csv", _data_set("vtrain-multi-node-dev")),
     ("calibration/published/model_error_band.json", lambda p: _band_file()),
     ("calibration/published/host_overhead_loso.json", lambda p: _host_left_out(p)),
+    ("calibration/published/residuals.json", lambda p: _residuals(p)),
     ("reports/cpu-validation/run-*.json", lambda p: (load_run_record(p), _data_set("cpu-reference-loop")(p))),
     ("reports/cpu-validation/*-raw.json", read_raw),
     ("reports/cpu-validation/cpu-profile*.json", load_profile),
@@ -69,6 +70,13 @@ def _band_file() -> Any:
 def _host_left_out(path: Path) -> Any:
     table = parse_json(read_text(path, "host fit table"), str(path))
     assert {row["left_out"] for row in table["rows"]} <= {d.key for d in REGISTRY}
+    return table
+
+
+def _residuals(path: Path) -> Any:
+    table = parse_json(read_text(path, "residuals table"), str(path))
+    assert set(table["sets"]) <= {d.key for d in REGISTRY}
+    assert all(set(per_set) <= {d.key for d in REGISTRY} for per_set in table["what_if"].values())
     return table
 
 
