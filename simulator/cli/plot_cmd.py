@@ -9,6 +9,7 @@ import click
 
 from simulator.cli.options import TOKENS, OutputFile, plan_options
 from simulator.outputs.figures import KINDS, PLAN_KINDS, SEARCH_KINDS
+from simulator.outputs.plots import FIGURE_SUFFIXES
 
 EXAMPLES = """
 \b
@@ -85,7 +86,7 @@ def _search(ctx: click.Context, options: dict, top: int, profile):
 @click.argument("kind", type=click.Choice(KINDS))
 @plan_options
 @click.option("--out", "out", type=OutputFile("figure"), default=None,
-              help="PNG file to write (default: KIND.png).")
+              help="Figure file to write, in the format its suffix names (PNG, SVG, PDF, ...; default: KIND.png).")
 @click.option("--tokens", type=TOKENS, default=None, help="Training tokens, for days (days-vs-gpus needs it).")
 @click.option("--profile", "profile_path", default=None, metavar="FILE|NAME", help="Hardware profile.")
 @click.option("--steps", default=None, metavar="A:B", help="timeline: zoom to steps A to B-1 of each stage.")
@@ -105,6 +106,11 @@ def plot_command(ctx, kind, out, tokens, profile_path, steps, gpu_counts, top, a
     from simulator.outputs.figure_data import plan_settings
     from simulator.spec.hf import collected_notes
 
+    if out is not None and out.suffix and out.suffix.lower() not in FIGURE_SUFFIXES:
+        kinds = ", ".join(x.lstrip(".").upper() for x in FIGURE_SUFFIXES)
+        raise click.BadParameter(f"{str(out)!r} ends in {out.suffix!r}, which names no figure format; the figure is "
+                                 f"written as the suffix says ({kinds}), so name it like {out.stem or kind}.png",
+                                 param_hint="'--out'")
     window, counts = _steps(steps), _counts(gpu_counts)
     if kind == "days-vs-gpus" and tokens is None:
         raise click.UsageError("days-vs-gpus needs --tokens (e.g. 300e9)")

@@ -60,6 +60,11 @@ def summarize(fig) -> dict[str, Any]:
     return {"title": fig._suptitle.get_text() if fig._suptitle is not None else "", "legend": legends, "axes": axes}
 
 
+# The formats a figure is written in, chosen by the file's suffix (no suffix: PNG): those matplotlib writes
+# with its own backends or with Pillow, which it requires.
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf", ".eps", ".ps", ".jpg", ".jpeg", ".tif", ".tiff", ".webp")
+
+
 def _save(fig, path: Path) -> None:
     """Render in memory in the format the suffix names, then write atomically (``write_output``)."""
     fmt = Path(path).suffix.lstrip(".").lower() or "png"

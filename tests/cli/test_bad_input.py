@@ -453,3 +453,10 @@ def test_an_output_folder_name_too_long_is_one_sentence(tmp_path, command):
         line = refused("report", "--out", str(folder), needle="more than the 255")
         assert line.startswith("error: the report path has a name of 300 bytes"), line
     assert folder.name not in {p.name for p in tmp_path.iterdir()}
+
+
+def test_a_figure_suffix_no_format_has_is_one_sentence(tmp_path):
+    # the format follows the suffix: one that names none is refused before the figure is computed, not by matplotlib
+    line = refused("plot", "timeline", "--model", "gpt3-125m", "--gbs", "4", "--out", str(tmp_path / "t.txt"),
+                   needle="names no figure format")
+    assert "t.png" in line and not (tmp_path / "t.txt").exists()
