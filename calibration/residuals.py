@@ -31,15 +31,12 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from simulator.measure.datasets import REGISTRY, DataSet, evaluate
+from calibration.fit_host_overhead import _a100_sets
+from simulator.measure.datasets import VTRAIN_MULTI_NODE, VTRAIN_SINGLE_NODE, DataSet
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "published" / "residuals.json"
 ALL_REDUCES_PER_LAYER = 6  # no SP, full recompute: 2 forward + 2 recomputed forward + 2 backward
-
-
-def _set(key: str) -> DataSet:
-    return next(d for d in REGISTRY if d.key == key)
 
 
 def _rows(data: DataSet, profile=None, plan_update: dict | None = None) -> list[tuple]:
@@ -63,6 +60,12 @@ def _micro_batches(job) -> int:
 def _by_numbers(items) -> list:
     """Dict items ordered by the numbers in their keys ("tp2 mbs8" before "tp16 mbs1")."""
     return sorted(items, key=lambda kv: [int(n) for n in re.findall(r"\d+", kv[0])])
+
+
+def _errors(rows: list[tuple]) -> dict:
+    """A set's mean absolute error and signed bias (predicted / measured - 1) from its (run, predicted_s) rows."""
+    errors = [predicted / run.measured_s - 1 for run, predicted in rows]
+    return {"mean_abs_error": statistics.fmean(map(abs, errors)), "bias": statistics.fmean(errors)}
 
 
 def _stats(values: list[float]) -> dict:
@@ -103,30 +106,23 @@ WHAT_IFS = {
 }
 
 
-def what_ifs() -> dict:
-    out = {}
-    sets = [d for d in REGISTRY if d.key != "cpu-reference-loop" and d.runs()]
-    for name, update in WHAT_IFS.items():
-        out[name] = {}
-        for data in sets:
-            errors = [predicted / run.measured_s - 1 for run, predicted in _rows(data, plan_update=update)]
-            out[name][data.key] = {"mean_abs_error": statistics.fmean(map(abs, errors)),
-                                   "bias": statistics.fmean(errors)}
-    return out
+def what_ifs(sets: list[DataSet]) -> dict:
+    return {name: {data.key: _errors(_rows(data, plan_update=update)) for data in sets}
+            for name, update in WHAT_IFS.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    single, multi = _set("vtrain-single-node"), _set("vtrain-multi-node-dev")
-    base = {d.key: evaluate(d) for d in REGISTRY if d.key != "cpu-reference-loop" and d.runs()}
+    sets = _a100_sets()
+    rows = {data.key: _rows(data) for data in sets}  # each set predicted once, for every table below
     result = {
         "command": "python -m calibration.residuals",
-        "sets": {k: {"mean_abs_error": e.mean_abs_error, "bias": e.bias} for k, e in base.items()},
-        "vtrain-single-node": single_node(_rows(single)),
-        "vtrain-multi-node-dev": multi_node(_rows(multi)),
-        "what_if": what_ifs(),
+        "sets": {key: _errors(r) for key, r in rows.items()},
+        "vtrain-single-node": single_node(rows[VTRAIN_SINGLE_NODE.key]),
+        "vtrain-multi-node-dev": multi_node(rows[VTRAIN_MULTI_NODE.key]),
+        "what_if": what_ifs(sets),
     }
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(f"{args.out}")
