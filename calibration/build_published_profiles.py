@@ -17,19 +17,26 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from pathlib import Path
+from types import SimpleNamespace
 
+from scipy.optimize import brentq
+
+from simulator.cost.collectives import CollectiveModel, Group
 from simulator.cost.profile import (
     SCHEMA_VERSION,
     AttentionParams,
     CollectiveParams,
     ElementwiseParams,
+    FitRecord,
     GemmParams,
     HardwareProfile,
     HostParams,
     LinkParams,
     save_profile,
 )
+from simulator.graph.layers import CollectiveKind
 from simulator.measure.fitting import (
     fit_achieved_fraction,
     fit_attention,
@@ -38,7 +45,7 @@ from simulator.measure.fitting import (
     fit_step_latency,
     measured_ramp,
 )
-from simulator.spec.hardware import GpuSpec, load_gpu
+from simulator.spec.hardware import GpuSpec, load_cluster, load_gpu
 
 HERE = Path(__file__).resolve().parent
 PUBLISHED = HERE / "published" / "hardware.json"
@@ -274,7 +281,76 @@ def _attention(gpu: GpuSpec) -> AttentionParams:
         fits=(fit.record,))
 
 
+# nccl-tests#119: all_reduce_perf -b 8 -e 128M -g 1 on 24 ranks (3 nodes x 8 A100, 4 HDR NICs each), whose
+# default step is 1 MiB: sizes 8 B + k MiB up to 128 MiB; it reports the mean bus bandwidth over them.
+SWEEP_CLUSTER = "a100-80gb-4x-hdr"
+SWEEP_SIZES = tuple(8 + k * 2**20 for k in range(128))
+SWEEP_RANKS = 24
+
+
+def _sweep_busbw(links) -> list[float]:
+    """The bus bandwidth the collective model gives at each size of the nccl-tests#119 sweep."""
+    model = CollectiveModel(load_cluster(SWEEP_CLUSTER), SimpleNamespace(collectives=links))
+    return [model.busbw_gbps(CollectiveKind.all_reduce, s, Group(SWEEP_RANKS)) for s in SWEEP_SIZES]
+
+
+def _network_ramp(rows: dict) -> dict:
+    """The inter-node ramp, pinned by the one published inter-node size sweep: nccl-tests#119's mean bus
+    bandwidth over its 128 sizes (8 B-128 MiB) on 3 nodes of 8 A100 with 4 HDR NICs each. Its half size
+    is solved for with the exponent of the 8x A100 NVLink curve (one number pins one constant), at the
+    bus bandwidth of that sweep's ring, so that rings of other bandwidths (8 NICs, NDR) read it as the
+    same fill time. The sweep's peak is not fitted: it checks the fit."""
+    a100 = load_gpu("A100-SXM4-80GB")
+    nvlink, network = _links_borrowed(a100, rows, GPUS[a100.name][0])
+    measured = rows["a100_3node_4hdr"]["values"]
+    ring_gbps = CollectiveModel(load_cluster(SWEEP_CLUSTER), SimpleNamespace(
+        collectives=SimpleNamespace(nvlink=nvlink, network=network))).network.ring(SWEEP_RANKS, 1).busbw_gbps
+
+    def links(half_size: float) -> SimpleNamespace:  # a trial value, not yet a profile's (no sources)
+        return SimpleNamespace(nvlink=nvlink, network=network.model_copy(update={
+            "half_size_bytes": half_size, "ramp_curve": None, "ramp_reference_busbw_gbps": ring_gbps}))
+
+    half = brentq(lambda h: statistics.fmean(_sweep_busbw(links(h))) - measured["avg_busbw"], 1e3, 1e10, xtol=1e2)
+    bw = _sweep_busbw(links(half))
+    # the NVLink curve's ramp (what the network borrowed before an inter-node sweep was read) as a fill time here
+    nvlink_half = nvlink.half_size_bytes * ring_gbps / nvlink.max_busbw_gbps
+    record = FitRecord(columns=("mean_busbw_gbps", "peak_busbw_gbps"),
+                       points=((measured["avg_busbw"], measured["peak_busbw"]),),
+                       residuals=(statistics.fmean(bw) / measured["avg_busbw"] - 1,),
+                       note="nccl-tests#119: all_reduce_perf 8 B-128 MiB in 1 MiB steps, 3 nodes x 8 A100, 4 HDR "
+                            f"NICs per node: the mean bus bandwidth fitted; the peak, a check, comes out "
+                            f"{max(bw) / measured['peak_busbw'] - 1:+.1%}")
+    source = (f"solved so that the mean bus bandwidth over nccl-tests#119's sweep (8 B-128 MiB in 1 MiB steps, 3 nodes "
+              f"x 8 A100, 4 HDR NICs each: {measured['avg_busbw']} GB/s, {MD} section 3b) comes out as measured, with "
+              f"the 8x A100 NVLink curve's exponent; its peak, not fitted, comes out {max(bw):.1f} GB/s against "
+              f"{measured['peak_busbw']}")
+    return {"half_size_bytes": half, "ramp_exponent": nvlink.ramp_exponent, "ramp_reference_busbw_gbps": ring_gbps,
+            "record": record, "source": source, "nvlink_half_size_bytes": nvlink_half}
+
+
 def _links(gpu: GpuSpec, rows: dict, nic_gbps: float) -> CollectiveParams:
+    """NVLink from the GPU's all-reduce curve; the network from its NICs and the inter-node sweep's ramp."""
+    nvlink, network = _links_borrowed(gpu, rows, nic_gbps)
+    fit = _network_ramp(rows)
+    hdr = gpu.architecture == "ampere"
+    sources = {**network.sources,
+               "half_size_bytes": fit["source"] if hdr else (
+                   f"not pinned on NDR (no inter-node sweep of it was published): the HDR sweep's fill time, "
+                   f"{fit['source']}; range: that fill time up to the 8x A100 NVLink curve's"),
+               "ramp_exponent": "the 8x A100 NVLink curve's, with which the half size was solved for",
+               "ramp_reference_busbw_gbps": ("the ring bus bandwidth of nccl-tests#119's 24 ranks over 4 HDR NICs per "
+                                             "node, as the network model routes it")}
+    sources.pop("ramp_curve", None)
+    ranges = {} if hdr else {"half_size_bytes": (fit["half_size_bytes"], fit["nvlink_half_size_bytes"])}
+    network = LinkParams(**{**network.model_dump(exclude={"sources", "fits", "ranges"}),
+                            "half_size_bytes": fit["half_size_bytes"], "ramp_exponent": fit["ramp_exponent"],
+                            "ramp_curve": None, "ramp_reference_busbw_gbps": fit["ramp_reference_busbw_gbps"]},
+                         sources=sources, fits=(*network.fits, fit["record"]), ranges=ranges)
+    return CollectiveParams(nvlink=nvlink, network=network)
+
+
+def _links_borrowed(gpu: GpuSpec, rows: dict, nic_gbps: float) -> tuple[LinkParams, LinkParams]:
+    """NVLink from the GPU's curve, and the network's bandwidth and latency, its ramp borrowed from NVLink."""
     ring_latency_s = (NCCL_RING_LL_BASE_US + 2 * 7 * NCCL_NVLINK_LL_STEP_US) * 1e-6
     latency_source = ("NCCL 2.30.7's latency model for an 8-GPU LL ring: baseLat 6.6 us + 14 steps x 0.6 us NVLink "
                       f"hwLat ({MD} section 2); the curve alone cannot split latency from the bandwidth ramp")
@@ -364,7 +440,7 @@ def _links(gpu: GpuSpec, rows: dict, nic_gbps: float) -> CollectiveParams:
             "p2p_latency_s": "NCCL 2.30.7 Simple protocol: baseLat 8.4 us + NET hwLat 14 us",
         },
         fits=(net_fit.record, lat_fit.record))
-    return CollectiveParams(nvlink=nvlink, network=network)
+    return nvlink, network
 
 
 def _host() -> HostParams:

@@ -7,13 +7,19 @@ for all-gather and reduce-scatter (nccl-tests' bus-bandwidth convention), so
     time = latency + factor * S / busbw(S),   busbw(S) = busbw_max * ramp(S),
 
 with ramp(S) the measured size sweep where there is one (``LinkParams.ramp_curve``), else
-S^p / (S^p + half_size^p).
+S^p / (S^p + half_size^p). A link whose ramp was measured on one ring and is used on others
+(the network's: one inter-node sweep, every cluster's rings) states the bus bandwidth it was
+measured at, and a ring of bus bandwidth B reads it at S x reference / B: what the ramp hides is a
+fill time, which a faster ring covers with more bytes.
 
 busbw_max comes from routing the group's rings over the network graph; the latency grows with
 the inter-node steps a ring (2(N-1) for all-reduce over N nodes) or a tree (2 log2 N) takes, and
-with the IB switch hops of each step. Like NCCL, an all-reduce takes the faster of ring and tree;
-a group with several members on each of several nodes may also go hierarchically (intra-node
-reduce-scatter, inter-node collective on 1/g of the buffer, intra-node all-gather).
+with the IB switch hops of each step. Like NCCL, an all-reduce takes the faster of ring and tree,
+the tree with log-depth latency and the ring's bandwidth bound. NCCL has no hierarchical
+(reduce-scatter, inter-node all-reduce, all-gather) algorithm, and measured two-node all-reduces
+stay at the ring's bound (91 GB/s over 4 HDR NICs at 1-8 GB, nccl-tests#100; its maintainers: on
+8 NICs the tree "will struggle to get better performance than ring", nccl-tests#196), so a group
+spread over nodes is costed as the ring it runs.
 """
 
 from __future__ import annotations
@@ -41,8 +47,12 @@ class Group:
         assert self.size >= 1 and self.stride >= 1, self
 
 
-def ramp(link: LinkParams, nbytes: float) -> float:
-    """busbw(S) / busbw_max: the fraction of the large-message bus bandwidth a message of S bytes gets."""
+def ramp(link: LinkParams, nbytes: float, busbw_gbps: float | None = None) -> float:
+    """busbw(S) / busbw_max: the fraction of the large-message bus bandwidth a message of S bytes gets
+    on a ring of bus bandwidth ``busbw_gbps`` (which moves the ramp only where the link states the
+    bandwidth it was measured at)."""
+    if busbw_gbps and link.ramp_reference_busbw_gbps:
+        nbytes = nbytes * link.ramp_reference_busbw_gbps / busbw_gbps
     curve = link.ramp_curve
     if curve and curve[0][0] <= nbytes <= curve[-1][0]:
         return interpolate_log_log(curve, nbytes)
@@ -86,7 +96,7 @@ class CollectiveModel:
         if (kind is CollectiveKind.all_reduce and shape.nodes == 1 and self.nvlink.nvls_max_busbw_gbps
                 and group.size == self.cluster.gpus_per_node):
             busbw = self.nvlink.nvls_max_busbw_gbps  # NVLink SHARP reduces in the switch
-        bandwidth_s = _factor(kind, group.size) * nbytes / (ramp(params, nbytes) * busbw * 1e9)
+        bandwidth_s = _factor(kind, group.size) * nbytes / (ramp(params, nbytes, busbw) * busbw * 1e9)
         # a backend whose kinds stray from its all-reduce-derived link (gloo's reduce-scatter) was measured so
         correction = params.kind_factor(kind.value, nbytes) if params.kind_factors else 1.0
         if shape.nodes == 1:
@@ -97,18 +107,6 @@ class CollectiveModel:
             tree = 2 * math.ceil(math.log2(shape.nodes))
             steps = min(ring, tree)  # NCCL's tree has the ring's bandwidth bound but log-depth latency
         return (self.nvlink.latency_s + steps * self._step_latency_s(shape) + bandwidth_s) * correction
-
-    def _hierarchical(self, kind: CollectiveKind, nbytes: float, group: Group, shape: RingShape) -> float:
-        g = shape.per_node
-        intra, inter = Group(g, group.stride), Group(shape.nodes, group.stride * g)
-        rs, ag = CollectiveKind.reduce_scatter, CollectiveKind.all_gather
-        if kind is CollectiveKind.all_reduce:
-            return self._flat(rs, nbytes, intra) + self._flat(kind, nbytes / g, inter) + self._flat(ag, nbytes, intra)
-        if kind is CollectiveKind.all_to_all:
-            return self._flat(kind, nbytes, group)
-        if kind is CollectiveKind.all_gather:
-            return self._flat(ag, nbytes / g, inter) + self._flat(ag, nbytes, intra)
-        return self._flat(rs, nbytes, intra) + self._flat(rs, nbytes / g, inter)
 
     def time_s(self, kind: CollectiveKind, nbytes: float, group: Group) -> float:
         if group.size == 1 or nbytes <= 0:
@@ -124,10 +122,7 @@ class CollectiveModel:
             if kind is CollectiveKind.all_to_all and shape.nodes > 1:
                 self._cache[key] = self._all_to_all_s(nbytes, group, shape)
                 return self._cache[key]
-            t = self._flat(kind, nbytes, group)
-            if shape.nodes > 1 and shape.per_node > 1:
-                t = min(t, self._hierarchical(kind, nbytes, group, shape))
-            self._cache[key] = t
+            self._cache[key] = self._flat(kind, nbytes, group)
         return self._cache[key]
 
     def _all_to_all_s(self, nbytes: float, group: Group, shape) -> float:
@@ -137,7 +132,7 @@ class CollectiveModel:
         rest crosses NVLink; the two run together and the slower sets the time."""
         n, g, c = group.size, shape.per_node, self.cluster
         nic_gbps = c.nic_bandwidth_gbps_per_gpu * min(self.net.max_busbw_gbps / (c.nic_line_rate_gbit_s / 8), 1.0)
-        inter_s = nbytes * (n - g) / n / (ramp(self.net, nbytes) * nic_gbps * 1e9)
+        inter_s = nbytes * (n - g) / n / (ramp(self.net, nbytes, nic_gbps * c.gpus_per_node) * nic_gbps * 1e9)
         intra_s = 0.0
         if g > 1:
             local = self.network.ring(g, group.stride)

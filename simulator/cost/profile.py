@@ -296,6 +296,14 @@ class LinkParams(_Block):
         None, description="Measured (size_bytes, fraction of max_busbw_gbps) points, sizes increasing; ramp(S) "
                           "is interpolated between them, the parametric form is used outside.",
     )
+    ramp_reference_busbw_gbps: float | None = Field(
+        None, **_GBPS,
+        description="The ring bus bandwidth, GB/s, of the configuration the ramp was measured on. Where set, a ring "
+                    "of another bus bandwidth B reaches the same fraction at B / this times the bytes: what fills "
+                    "the pipeline is a time (a step's overhead), so a faster ring needs more bytes to hide it. "
+                    "Unset: the ramp is in bytes whatever the ring (the NVLink curves, measured on the ring "
+                    "they are used for).",
+    )
     kind_factors: dict[str, tuple[tuple[float, float], ...]] | None = Field(
         None, description="Per collective kind other than all-reduce (all_gather, reduce_scatter), measured (size_bytes, "
                           "measured time over the link model's time of that kind) points, sizes increasing; that "
