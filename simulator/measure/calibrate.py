@@ -53,7 +53,7 @@ from simulator.spec.hardware import GpuSpec, load_gpu
 REPO = Path(__file__).resolve().parents[2]
 MEASURE_MODULE = "calibration.measure"  # run as `python -m MEASURE_MODULE --device ... --out RAW.json`
 _REQUIRED = {
-    "gemm": ("m", "n", "k", "batch", "dtype", "time_s"),
+    "gemm": ("name", "m", "n", "k", "batch", "dtype", "time_s"),  # the name tells the layer's shapes from the grid's
     "attention": ("impl", "pass", "batch_heads", "seq", "head_dim", "causal", "dtype", "time_s"),
     "elementwise": ("kernel", "bytes_moved", "time_s"),
     "collectives": ("kind", "bytes", "group_size", "time_s"),

@@ -254,6 +254,7 @@ def test_devices_map_to_gpu_specs():
     (lambda r: r.update(version=99), "version 99"),
     (lambda r: r["gemm"][0].update(time_s=-1.0), "time_s=-1.0"),
     (lambda r: r["gemm"][0].pop("m"), "lacks \\['m'\\]"),
+    (lambda r: r["gemm"][0].pop("name"), "lacks \\['name'\\]"),  # it used to raise KeyError when the fit read it
     (lambda r: r.update(elementwise=[]), "no elementwise points"),
     (lambda r: r.update(device={"kind": "tpu"}), "kind 'cuda' or 'cpu'"),
     (lambda r: r.update(sequence={"rounds": [{"loop_forward_s": 0.1}]}), "sequence round 0 has loop_backward_s=None"),
