@@ -288,9 +288,14 @@ SWEEP_SIZES = tuple(8 + k * 2**20 for k in range(128))
 SWEEP_RANKS = 24
 
 
-def _sweep_busbw(links) -> list[float]:
-    """The bus bandwidth the collective model gives at each size of the nccl-tests#119 sweep."""
-    model = CollectiveModel(load_cluster(SWEEP_CLUSTER), SimpleNamespace(collectives=links))
+def _sweep_model(nvlink: LinkParams, network: LinkParams) -> CollectiveModel:
+    """The collective model of the nccl-tests#119 machines under trial links (no sources yet, so not a profile)."""
+    return CollectiveModel(load_cluster(SWEEP_CLUSTER), SimpleNamespace(
+        collectives=SimpleNamespace(nvlink=nvlink, network=network)))
+
+
+def _sweep_busbw(model: CollectiveModel) -> list[float]:
+    """The bus bandwidth ``model`` gives at each size of the nccl-tests#119 sweep."""
     return [model.busbw_gbps(CollectiveKind.all_reduce, s, Group(SWEEP_RANKS)) for s in SWEEP_SIZES]
 
 
@@ -303,15 +308,14 @@ def _network_ramp(rows: dict) -> dict:
     a100 = load_gpu("A100-SXM4-80GB")
     nvlink, network = _links_borrowed(a100, rows, GPUS[a100.name][0])
     measured = rows["a100_3node_4hdr"]["values"]
-    ring_gbps = CollectiveModel(load_cluster(SWEEP_CLUSTER), SimpleNamespace(
-        collectives=SimpleNamespace(nvlink=nvlink, network=network))).network.ring(SWEEP_RANKS, 1).busbw_gbps
+    ring_gbps = _sweep_model(nvlink, network).network.ring(SWEEP_RANKS, 1).busbw_gbps
 
-    def links(half_size: float) -> SimpleNamespace:  # a trial value, not yet a profile's (no sources)
-        return SimpleNamespace(nvlink=nvlink, network=network.model_copy(update={
+    def model(half_size: float) -> CollectiveModel:
+        return _sweep_model(nvlink, network.model_copy(update={
             "half_size_bytes": half_size, "ramp_curve": None, "ramp_reference_busbw_gbps": ring_gbps}))
 
-    half = brentq(lambda h: statistics.fmean(_sweep_busbw(links(h))) - measured["avg_busbw"], 1e3, 1e10, xtol=1e2)
-    bw = _sweep_busbw(links(half))
+    half = brentq(lambda h: statistics.fmean(_sweep_busbw(model(h))) - measured["avg_busbw"], 1e3, 1e10, xtol=1e2)
+    bw = _sweep_busbw(model(half))
     # the NVLink curve's ramp (what the network borrowed before an inter-node sweep was read) as a fill time here
     nvlink_half = nvlink.half_size_bytes * ring_gbps / nvlink.max_busbw_gbps
     record = FitRecord(columns=("mean_busbw_gbps", "peak_busbw_gbps"),
