@@ -41,12 +41,14 @@ def clear_caches() -> None:
     """Forget every memoised graph, cost model, route and schedule: the next evaluation starts cold."""
     import functools
 
+    from simulator.spec.value_cache import ValueCache
+
     # every loaded module of the package, wherever it lives: a list of names goes stale when modules move
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "simulator" or name.startswith("simulator.")):
             continue
         for value in list(vars(module).values()):
-            if isinstance(value, functools._lru_cache_wrapper):
+            if isinstance(value, (functools._lru_cache_wrapper, ValueCache)):
                 value.cache_clear()
 
 

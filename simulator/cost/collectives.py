@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 from simulator.cost.curves import interpolate_log_log
 from simulator.cost.network import NETWORK, NVLINK, Network, RingShape
 from simulator.cost.profile import HardwareProfile, LinkParams
 from simulator.graph.layers import CollectiveKind
 from simulator.spec.hardware import ClusterSpec
+from simulator.spec.value_cache import ValueCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +69,15 @@ def _factor(kind: CollectiveKind, n: int) -> float:
     return (n - 1) / n
 
 
-@lru_cache(maxsize=64)
+_NETWORKS: ValueCache[Network] = ValueCache(maxsize=64)
+
+
 def _network(cluster: ClusterSpec, nvlink_efficiency: float, network_efficiency: float) -> Network:
     """One routed network per cluster and link efficiencies, shared by every profile that has them
     (the band's variants of a profile change other numbers)."""
-    return Network(cluster, {NVLINK: nvlink_efficiency, NETWORK: network_efficiency})
+    return _NETWORKS.get((cluster.value_key(), nvlink_efficiency, network_efficiency),
+                         lambda: Network(cluster, {NVLINK: nvlink_efficiency, NETWORK: network_efficiency}))
+
 
 
 class CollectiveModel:

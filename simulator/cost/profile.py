@@ -415,6 +415,7 @@ class HardwareProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     _hash: int | None = PrivateAttr(None)
+    _value_key: str | None = PrivateAttr(None)
 
     schema_version: Literal[1]
     name: str
@@ -493,14 +494,24 @@ class HardwareProfile(BaseModel):
         for parent, part in zip(reversed(chain[:-1]), reversed(parents)):
             new = parent.model_copy(update={part: new})
         assert isinstance(new, HardwareProfile)
-        new._hash = None  # a copy carries the original's cached hash
         return new
+
+    def model_copy(self, *, update=None, deep: bool = False) -> "HardwareProfile":
+        new = super().model_copy(update=update, deep=deep)
+        new._hash = new._value_key = None  # a copy carries the original's cached hash and key
+        return new
+
+    def value_key(self) -> str:
+        """Every field as one string (computed once: it holds the fit points), what caches key on."""
+        if self._value_key is None:
+            self._value_key = self.model_dump_json()
+        return self._value_key
 
     def __hash__(self) -> int:
         # Cost models are cached per profile; the dict-valued sources make the default hash fail,
         # and the JSON (with its fit points) is too long to serialise on every lookup.
         if self._hash is None:
-            self._hash = hash(self.model_dump_json())
+            self._hash = hash(self.value_key())
         return self._hash
 
     def __eq__(self, other: object) -> bool:

@@ -23,6 +23,7 @@ import networkx as nx
 from simulator.graph.layers import LayerKey, Op, Stream, _embedding_extras, _output_extras, layer_graph, ordered_ops
 from simulator.spec.model import ModelSpec
 from simulator.spec.plan import Job, RecomputeGranularity
+from simulator.spec.value_cache import ValueCache
 
 
 class OpCoster(Protocol):
@@ -285,8 +286,13 @@ def cost_model_for(job: Job, profile, num_gpus: int | None = None):
                              busy_neighbours(job.cluster, num_gpus or job.plan.num_gpus))
 
 
-@lru_cache(maxsize=32)
+_COST_MODELS: ValueCache = ValueCache(maxsize=32)
+
+
 def cached_cost_model(cluster, profile, precision, busy_neighbours: int = 0):
+    """The cost model of these inputs, built once while it stays among the 32 most recently asked for."""
     from simulator.cost import build_cost_model
 
-    return build_cost_model(cluster, profile, precision, busy_neighbours)
+    key = (cluster.value_key(), profile.value_key(), precision.value, int(busy_neighbours))
+    return _COST_MODELS.get(key, lambda: build_cost_model(cluster, profile, precision, busy_neighbours))
+

@@ -147,6 +147,10 @@ class ClusterSpec(BaseModel):
         return hash((self.name, self.gpu, self.gpus_per_node, self.nvlink_bandwidth_gbps_per_direction,
                      self.nics_per_node, self.nic_line_rate_gbit_s, self.fabric, self.nodes_per_host))
 
+    def value_key(self) -> str:
+        """Every field as one string: what caches of results built from this cluster key on."""
+        return self.model_dump_json()
+
     @property
     def devices_per_host(self) -> int:
         """Devices that share one machine: a node's GPUs, or the nodes (cores) of one CPU."""

@@ -104,3 +104,25 @@ def test_the_command_shows_no_progress_where_a_program_reads_and_writes_the_html
     assert result.output == f"report written to {fresh / 'README.md'} and {fresh / 'report.html'}\n"
     page = (fresh / "report.html").read_text(encoding="utf-8")
     assert "<script src" not in page and "Where the iteration goes" in page
+
+
+def test_the_cpu_rows_do_not_depend_on_what_the_process_computed_before():
+    """A process that predicted the CPU runs with the A100 profile, validated them with their own, then played
+    the report's A100 plans must still predict them as a fresh process does (the committed report's rows):
+    every cache on the way is keyed by what it was built from."""
+    from simulator.cost.profile import default_profile
+    from simulator.measure.datasets import CPU_REFERENCE, CPU_VALIDATION, evaluate
+    from simulator.measure.run_record import load_run_record
+    from simulator.measure.validate import validate
+    from simulator.outputs.figure_data import _cpu_sets
+
+    evaluate(CPU_REFERENCE, default_profile("A100-SXM4-80GB"))
+    for path in sorted(CPU_VALIDATION.glob("run-*.json")):
+        validate(load_run_record(path), str(CPU_VALIDATION / "cpu-profile.json"))
+    next(s for s in steps() if s.name == "decomposition").compute({})
+
+    points = next(s["points"] for s in _cpu_sets(CPU_VALIDATION) if s["name"] == "CPU reference runs: times")
+    errors = [abs(predicted / measured - 1) for _, predicted, measured in points]
+    committed = json.loads((REPO / "reports" / "data" / "report.json").read_text())["parity"]
+    assert_close({"mean_abs_error": sum(errors) / len(errors), "max_abs_error": max(errors), "points": len(points)},
+                 committed["CPU reference runs: times"])

@@ -1,0 +1,33 @@
+"""Caches of results built from specs: keyed by plain values, least recently used dropped first, and a
+copy of a profile with one number changed never answers for the original."""
+
+from simulator.cost.profile import default_profile
+from simulator.spec.value_cache import ValueCache
+
+
+def test_a_result_is_built_once_and_the_least_recently_used_goes_first():
+    built = []
+    cache = ValueCache(maxsize=2)
+
+    def get(key):
+        return cache.get(key, lambda: built.append(key) or key.upper())
+
+    assert [get("a"), get("b"), get("a")] == ["A", "B", "A"]
+    assert built == ["a", "b"]
+    get("c")  # "b" was used least recently
+    assert len(cache) == 2
+    get("a"), get("b")
+    assert built == ["a", "b", "c", "b"]
+    cache.cache_clear()
+    assert len(cache) == 0
+
+
+def test_a_changed_copy_of_a_profile_has_its_own_key_and_an_equal_one_the_same():
+    profile = default_profile("A100-SXM4-80GB")
+    path, value, low, high = profile.unpinned()[0]
+    changed = profile.with_value(path, high if value != high else low)
+    assert profile.value_key() != changed.value_key()
+    assert hash(profile) != hash(changed) or profile != changed
+    renamed = profile.model_copy(update={"name": profile.name + "-copy"})
+    assert renamed.value_key() != profile.value_key()
+    assert profile.model_copy().value_key() == profile.value_key()
