@@ -172,7 +172,6 @@ class GemmParams(_Block):
         None, **_FRACTION,
         description="Best efficiency any shape reaches (a brute-force shape search's maximum); caps the formula.",
     )
-    _table: dict | None = PrivateAttr(None)
     measured: tuple[tuple[int, int, int, int, int, float], ...] | None = Field(
         None, description="The layer's own GEMMs as timed, (m, n, k, batch, dtype_bytes, time_s): the cost model "
                           "gives these shapes their measured time and the fitted form every other shape.")
@@ -190,9 +189,14 @@ class GemmParams(_Block):
 
     def measured_time_s(self, m: int, n: int, k: int, batch: int, dtype_bytes: int) -> float | None:
         """The timed GEMM of this shape, or None where the shape was not timed."""
-        if self._table is None:
-            self._table = {row[:5]: row[5] for row in self.measured or ()}
-        return self._table.get((m, n, k, batch, dtype_bytes))
+        return _measured_times(self.measured).get((m, n, k, batch, dtype_bytes)) if self.measured else None
+
+
+@lru_cache(maxsize=64)
+def _measured_times(measured: tuple[tuple[int, int, int, int, int, float], ...]) -> dict[tuple, float]:
+    # kept out of the model: a private table filled on first use would make a used profile unequal to an
+    # unused copy of itself with the same hash, which every cache keyed by profiles relies on
+    return {row[:5]: row[5] for row in measured}
 
 
 # A backward kernel (``<class>_backward``) that a profile did not time is costed as its forward class, but for a

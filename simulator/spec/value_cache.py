@@ -1,12 +1,13 @@
 """A least-recently-used cache for results built from specs, keyed by plain values.
 
-``functools.lru_cache`` keys on its arguments themselves, so every lookup hashes and compares pydantic
-models with Python code inside the cache's own dictionary operations. Keyed that way, the cost-model
-cache once answered a lookup for one cluster and profile with the model of another (a process that had
-validated the CPU reference runs and then played the report's A100 plans got an A100 cost model back
-for the CPU cluster, until the entry aged out). Here the caller turns its arguments into a key of strings
-and numbers first (``ClusterSpec.value_key``, ``HardwareProfile.value_key``), so the dictionary only
-ever compares plain values, and the result is what those values build.
+``functools.lru_cache`` keys on its arguments themselves: every lookup hashes and compares pydantic models,
+whose equality reaches every nested model (private attributes included) while a hash is computed once.
+Should the two ever disagree (a nested model that fills a private attribute on first use compares
+unequal to an unused copy of itself with the same hash), two entries share a hash and later compare
+equal, and the C implementation's eviction, which removes the first entry equal to the oldest key, can
+remove the other one and leave the oldest key pointing at the newest result: one cluster's cost model
+answers for another's. Here the caller turns its arguments into a key of strings and numbers first
+(``ClusterSpec.value_key``, ``HardwareProfile.value_key``), so the dictionary compares plain values only.
 """
 
 from __future__ import annotations

@@ -31,3 +31,16 @@ def test_a_changed_copy_of_a_profile_has_its_own_key_and_an_equal_one_the_same()
     renamed = profile.model_copy(update={"name": profile.name + "-copy"})
     assert renamed.value_key() != profile.value_key()
     assert profile.model_copy().value_key() == profile.value_key()
+
+
+def test_a_profile_used_still_equals_an_unused_copy_of_itself():
+    """Equality and hash agree for as long as a profile lives (caches keyed by profiles rely on it): looking
+    up a measured GEMM leaves the profile equal to a fresh load of the same file."""
+    from simulator.measure.validate import _load_profile
+    from simulator.outputs.figure_data import CPU_VALIDATION
+
+    path = str(CPU_VALIDATION / "cpu-profile.json")
+    used, fresh = _load_profile(path), _load_profile(path)
+    m, n, k, batch, dtype_bytes, _ = used.gemm.measured[0]
+    assert used.gemm.measured_time_s(m, n, k, batch, dtype_bytes) is not None
+    assert used == fresh and hash(used) == hash(fresh)
