@@ -9,3 +9,15 @@ def test_clear_caches_empties_the_memoised_functions_of_every_subpackage():
     assert stage_kinds.cache_info().currsize >= 1
     clear_caches()
     assert stage_kinds.cache_info().currsize == 0
+
+
+def test_clear_caches_empties_the_value_keyed_caches_too():
+    """The cost-model and network caches are keyed by the specs' values, not functools.lru_cache."""
+    from simulator.bench import gpt3_job
+    from simulator.cost.collectives import _NETWORKS
+    from simulator.schedule.timing import _COST_MODELS, cost_model_for
+
+    cost_model_for(gpt3_job(), None)
+    assert len(_COST_MODELS) >= 1 and len(_NETWORKS) >= 1
+    clear_caches()
+    assert len(_COST_MODELS) == 0 and len(_NETWORKS) == 0
