@@ -44,3 +44,18 @@ def test_a_profile_used_still_equals_an_unused_copy_of_itself():
     m, n, k, batch, dtype_bytes, _ = used.gemm.measured[0]
     assert used.gemm.measured_time_s(m, n, k, batch, dtype_bytes) is not None
     assert used == fresh and hash(used) == hash(fresh)
+
+
+def test_every_spec_an_estimate_uses_still_equals_a_fresh_load_of_itself():
+    """Whatever an estimate caches on the way, the model, cluster, plan and profile it read compare and hash as
+    fresh loads do: caches keyed by specs need equality and hash to agree for as long as the specs live."""
+    from simulator.bench import gpt3_job
+    from simulator.cost.profile import load_profile
+    from simulator.estimator.prediction import estimate
+
+    used, fresh = gpt3_job(), gpt3_job()
+    profile, fresh_profile = load_profile("a100-sxm4-80gb-published"), load_profile("a100-sxm4-80gb-published")
+    estimate(used, profile)
+    for a, b in ((used.model, fresh.model), (used.cluster, fresh.cluster), (used.plan, fresh.plan),
+                 (profile, fresh_profile)):
+        assert a == b and hash(a) == hash(b), type(a).__name__
