@@ -79,7 +79,6 @@ def _network(cluster: ClusterSpec, nvlink_efficiency: float, network_efficiency:
                          lambda: Network(cluster, {NVLINK: nvlink_efficiency, NETWORK: network_efficiency}))
 
 
-
 class CollectiveModel:
     def __init__(self, cluster: ClusterSpec, profile: HardwareProfile):
         self.cluster = cluster

@@ -295,4 +295,3 @@ def cached_cost_model(cluster, profile, precision, busy_neighbours: int = 0):
 
     key = (cluster.value_key(), profile.value_key(), precision.value, int(busy_neighbours))
     return _COST_MODELS.get(key, lambda: build_cost_model(cluster, profile, precision, busy_neighbours))
-
