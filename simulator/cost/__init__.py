@@ -23,6 +23,7 @@ from simulator.spec.hardware import ClusterSpec
 from simulator.spec.plan import Precision
 
 FP8_BYTES = 1
+_TENSOR_CORE_KINDS = (OpKind.gemm, OpKind.batched_gemm, OpKind.flash_attention)
 
 __all__ = ["CostModel", "Group", "build_cost_model", "gemm_efficiency", "gemm_time_s"]
 
@@ -48,6 +49,8 @@ class CostModel:
         self.overlap_compute_slowdown = profile.overlap_compute_slowdown
         # a step's ops one after another, not each alone (the optimizer's streaming kernels are timed as it runs them)
         self.in_step_scale = 1.0 + profile.sequence_slowdown
+        # tensor-core kernels in a long run: the clock the device holds at its power limit, not a benchmark's burst
+        self.tensor_core_scale = 1.0 / profile.sustained_clock_fraction
         self.collectives = CollectiveModel(cluster, profile)
         self._dtype_bytes = precision.activation_bytes
         self._ops: dict[Op, float] = {}
@@ -78,12 +81,16 @@ class CostModel:
         return t if op.kind is OpKind.collective else t * self.in_step_scale
 
     def _op_time_s(self, op: Op) -> float:
+        t = self._kernel_time_s(op)
+        return t * self.tensor_core_scale if op.kind in _TENSOR_CORE_KINDS else t
+
+    def _kernel_time_s(self, op: Op) -> float:
         p, gpu = self.profile, self.cluster.gpu
         if op.kind in (OpKind.gemm, OpKind.batched_gemm):
             assert op.gemm is not None, op.name
             s = op.gemm
             if not s.grouped and s.batch > 1:  # separate kernels, e.g. experts without the grouped GEMM
-                return s.batch * self._op_time_s(Op(op.name, op.kind, flops=op.flops / s.batch,
+                return s.batch * self._kernel_time_s(Op(op.name, op.kind, flops=op.flops / s.batch,
                                                    gemm=GemmShape(s.m, s.n, s.k, 1, s.accumulate_bytes, s.fp8)))
             if s.fp8:
                 return self._fp8_gemm_time_s(s)
@@ -138,7 +145,9 @@ class CostModel:
         return self.collectives.p2p_time_s(nbytes, inter_node, sharing)
 
     def gemm_efficiency(self, m: int, n: int, k: int, batch: int = 1) -> float:
-        return float(gemm_efficiency(self.profile.gemm, self.cluster.gpu.sm_count, m, n, k, batch, self._dtype_bytes))
+        """Fraction of the dense peak the GEMM reaches in a long run (at the sustained clock)."""
+        return float(gemm_efficiency(self.profile.gemm, self.cluster.gpu.sm_count, m, n, k, batch,
+                                     self._dtype_bytes)) / self.tensor_core_scale
 
 
 def busy_neighbours(cluster: ClusterSpec, world_size: int) -> int:

@@ -458,15 +458,23 @@ class HardwareProfile(BaseModel):
                                      "them); applied to the forward, backward and recompute compute ops.")
     sequence_source: str = ("not measured; taken as 0: an op in a step costs what it costs repeated alone (on a GPU "
                             "the host issues ahead, and a kernel's start waits for no bookkeeping of the last)")
+    sustained_clock_fraction: float = Field(
+        1.0, gt=0, le=1, description="Tensor-core throughput a device sustains through a long run at its power "
+                                     "limit, as a fraction of what the GEMM and attention blocks' burst "
+                                     "benchmarks measured; applied to GEMMs and fused attention (memory-bound "
+                                     "kernels do not wait on the SM clock).")
+    sustained_clock_source: str = ("not measured; taken as 1: the kernels run as fast in a long run as in the "
+                                   "short benchmarks the GEMM and attention blocks were fitted to")
     ranges: dict[str, tuple[float, float]] = Field(
-        default_factory=dict, description="Plausible (low, high) of this profile's own unpinned numbers "
-                                          "(overlap_compute_slowdown).")
+        default_factory=dict, description="Plausible (low, high) of this profile's own numbers that no measurement "
+                                          "pins for every device (overlap_compute_slowdown, "
+                                          "sustained_clock_fraction).")
     notes: str = ""
 
     @model_validator(mode="after")
     def _ranges_hold_their_values(self) -> "HardwareProfile":
         for name in self.ranges:
-            if name != "overlap_compute_slowdown":
+            if name not in ("overlap_compute_slowdown", "sustained_clock_fraction"):
                 raise ValueError(f"the profile has a range for {name!r}, which is not one of its own numbers; "
                                  "put it in the block the number belongs to")
         for path, holder, name, low, high in self._ranged():

@@ -35,9 +35,24 @@ def test_misaligned_shapes_are_slower_than_aligned_neighbours(m, n, k):
 
 
 def test_4096_cubed_bf16_lands_near_published_a100_efficiency():
-    # FA2: optimized GEMMs reach 80-90% of peak; MAMF's best A100 shape 86.9%.
-    assert 0.80 <= COST.gemm_efficiency(4096, 4096, 4096) <= 0.87
-    assert COST.gemm_efficiency(1024, 10240, 5120) == pytest.approx(0.869, rel=0.01)
+    # The GEMM block holds the benchmarks' bursts. FA2: optimized GEMMs reach 80-90% of peak; MAMF's
+    # fastest iteration at the best A100 shape 86.9%.
+    assert 0.80 <= float(gemm_efficiency(A100.gemm, 108, 4096, 4096, 4096)) <= 0.87
+    assert float(gemm_efficiency(A100.gemm, 108, 1024, 10240, 5120)) == pytest.approx(0.869, rel=0.01)
+
+
+def test_a_device_held_at_its_power_limit_runs_its_gemms_at_the_measured_sustained_throughput():
+    # He 2024: cuBLAS 8192^3 with normally distributed inputs, 257-258 of 312 TFLOPS held at 400 W. The
+    # profile keeps the benchmarks' bursts as its value and that measurement as the range's slow end;
+    # the clock slows tensor-core kernels only, not memory-bound ones.
+    low, high = A100.ranges["sustained_clock_fraction"]
+    assert (A100.sustained_clock_fraction, high) == (1.0, 1.0)
+    held = build_cost_model(CLUSTER, A100.with_value("sustained_clock_fraction", low), Precision.bf16)
+    assert 257 / 312 <= held.gemm_efficiency(8192, 8192, 8192) <= 258 / 312
+    gemm = Op("g", OpKind.gemm, gemm=GemmShape(8192, 8192, 8192))
+    copy = Op("e", OpKind.elementwise, bytes_moved=1e9)
+    assert held.op_time_s(gemm) == pytest.approx(COST.op_time_s(gemm) / low, rel=1e-12)
+    assert held.op_time_s(copy) == COST.op_time_s(copy)
 
 
 def test_wave_quantisation_penalises_one_tile_too_many():
