@@ -152,6 +152,10 @@ for p in raw["attention"]:
 copies = [p for p in raw["elementwise"] if p["kernel"] == "copy"]
 if copies:
     print(f"  largest copy: {max(copies, key=lambda p: p['numel'])['gbps']:.0f} GB/s")
+for p in raw.get("sustained", []):
+    late = sorted(p["window_s"][len(p["window_s"]) // 2:])
+    print(f"  sustained {p['m']}^3 GEMM: burst {p['flops'] / p['burst_s'] / 1e12:.1f} TFLOP/s, later windows "
+          f"{p['flops'] / late[len(late) // 2] / 1e12:.1f} TFLOP/s over {p['seconds']:.0f} s")
 for h in raw.get("host", []):
     print(f"  host {h['what']:26s} sync={h['synchronize']!s:5s} {h['time_s'] * 1e6:8.1f} us")
 PYEOF

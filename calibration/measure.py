@@ -5,7 +5,9 @@
 Needs only torch and the standard library (the GPU machine may have neither pydantic nor numpy); the
 fit into a hardware profile happens in ``simulator calibrate``. Each section has a share of ``--budget-s`` and
 skips, with a note in the output, the points that would overrun it. The file is rewritten after
-every section, so a run cut short still leaves what it measured.
+every section, so a run cut short still leaves what it measured. The last section runs one large GEMM
+back to back for up to half a minute: the clock a device holds at its power limit, which the others'
+short bursts never meet.
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ from calibration.microbench import RAW_FORMAT, RAW_VERSION
 from calibration.microbench.attention import attention_cases, run_attention
 from calibration.microbench.collectives import collective_sizes, run_collectives, single_rank_issue_cost
 from calibration.microbench.elementwise import elementwise_sizes, run_elementwise
-from calibration.microbench.gemm import held_out_keys, run_gemms
+from calibration.microbench.gemm import (
+    SUSTAINED_S,
+    SUSTAINED_SHAPE,
+    held_out_keys,
+    run_gemms,
+    time_sustained_gemm,
+)
 from calibration.microbench.host import run_host
 from calibration.microbench.sequence import run_sequence
 from calibration.microbench.shapes import (
@@ -44,8 +52,10 @@ from calibration.microbench.timing import Budget
 
 # the sequence first: it times the layers as a training process runs them, before the kernel benchmarks' large
 # buffers have moved the allocator's thresholds (after them its ops run measurably less slowed than in a step)
-SECTIONS = ("sequence", "gemm", "attention", "elementwise", "collectives", "host")
-SHARES = {"gemm": 0.37, "attention": 0.18, "elementwise": 0.15, "collectives": 0.25, "host": 0.05, "sequence": 0.05}
+# the sustained GEMM last: it holds the device at its power limit, which the other sections' bursts must not inherit
+SECTIONS = ("sequence", "gemm", "attention", "elementwise", "collectives", "host", "sustained")
+SHARES = {"gemm": 0.37, "attention": 0.18, "elementwise": 0.15, "collectives": 0.25, "host": 0.05, "sequence": 0.05,
+          "sustained": 0.10}
 SEQUENCE_ROUNDS = {False: 16, True: 8}  # rounds of (the layers as a step runs them, their ops alone); by --quick
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # the model whose layer GEMMs are measured, per device: GPT-3 175B at TP 8 on a GPU (Korthikanti
@@ -221,7 +231,8 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                      "threads": threads, "collective_modes": list(modes),
                      "layer": {k: getattr(layer, k) for k in layer.__dataclass_fields__},
                      "in_loop_layer": {k: getattr(group_layer, k) for k in group_layer.__dataclass_fields__}},
-        "gemm": [], "attention": [], "elementwise": [], "collectives": [], "host": [], "sequence": {}, "sections": {},
+        "gemm": [], "attention": [], "elementwise": [], "collectives": [], "host": [], "sequence": {}, "sustained": [],
+        "sections": {},
     }
     log(f"measuring {raw['device']['name']} ({args.device}, {dtype_name}), torch {torch.__version__}, "
         f"budget {total_s:.0f} s, sections {','.join(sections)}")
@@ -279,6 +290,16 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                 if gpu and not raw.get("collective_host"):
                     # one GPU: the host cost of issuing an NCCL call, in a group of one
                     raw["collective_host"] = single_rank_issue_cost(device, dtype)
+            elif section == "sustained":
+                size = SUSTAINED_SHAPE[args.device]
+                # the burst first, then the run; on a GPU the burst takes well under a second
+                seconds = min(SUSTAINED_S[(args.device, args.quick)], budget.left_s() - (1.0 if gpu else 0.5))
+                if budget.allows(seconds + (1.0 if gpu else 0.5), f"sustained {size}^3 GEMM") and seconds > 0:
+                    raw["sustained"] = [time_sustained_gemm(size, dtype, device, seconds=seconds, warmup=warmup,
+                                                            repeats=repeats)]
+                else:
+                    info["status"] = "skipped"
+                    info["error"] = "no time left in the budget for a sustained run"
             elif section == "sequence":
                 if gpu:
                     info["status"] = "skipped"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from calibration.microbench.shapes import Gemm
-from calibration.microbench.timing import Budget, random_tensor, rotation_count, time_stable
+from calibration.microbench.timing import Budget, random_tensor, rotation_count, synchronize, time_stable
 
 
 def time_gemm(g: Gemm, dtype: torch.dtype, device: torch.device, *, warmup: int, repeats: int) -> dict:
@@ -52,3 +54,39 @@ def run_gemms(gemms: list[Gemm], dtype: torch.dtype, device: torch.device, budge
 def held_out_keys(gemms: list[Gemm], every: int = 5, offset: int = 2) -> set[tuple[int, int, int, int]]:
     """A deterministic few (every ``every``-th, from ``offset``) kept out of the fit to test its predictions."""
     return {g.key for i, g in enumerate(gemms) if i % every == offset}
+
+
+# The shape He (2024) held an A100 at its power limit with; a CPU times a smaller one so that a window
+# holds many products.
+SUSTAINED_SHAPE = {"cuda": 8192, "cpu": 512}
+SUSTAINED_S = {("cuda", False): 30.0, ("cuda", True): 10.0, ("cpu", False): 3.0, ("cpu", True): 1.0}
+
+
+def time_sustained_gemm(size: int, dtype: torch.dtype, device: torch.device, *, seconds: float, windows: int = 10,
+                        warmup: int = 3, repeats: int = 10) -> dict:
+    """One square GEMM first as the GEMM section times every shape (a burst: the median of a few
+    repetitions), then back to back for ``seconds``, the mean time per product over each of
+    ``windows`` equal stretches. A device that holds its clock gives the burst's time in every
+    window; one that its power or heat limit slows gives longer times in the later windows, which
+    is what a training run's GEMMs meet hours in. Inputs are normally distributed, as trained weights
+    and activations roughly are (zeros draw less power and would hide the limit)."""
+    g = Gemm("sustained", size, size, size)
+    gen = torch.Generator(device=device).manual_seed(4321)
+    a, b = random_tensor((size, size), dtype, device, gen), random_tensor((size, size), dtype, device, gen)
+    out = torch.empty((size, size), dtype=dtype, device=device)
+    burst = time_stable(lambda i: torch.mm(a, b, out=out), device, warmup=warmup, repeats=repeats).median_s
+    window_s, per_window = [], max(seconds / windows, 1e-3)
+    for _ in range(windows):
+        synchronize(device)
+        count, t0 = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b, out=out)
+            count += 1
+            if count % 8 == 0 or device.type != "cuda":  # the host runs ahead on a GPU: check the clock in steps
+                synchronize(device)
+                if time.perf_counter() - t0 >= per_window:
+                    break
+        synchronize(device)
+        window_s.append((time.perf_counter() - t0) / count)
+    return {"name": g.name, "m": size, "n": size, "k": size, "batch": 1, "dtype": str(dtype).removeprefix("torch."),
+            "burst_s": burst, "window_s": window_s, "seconds": seconds, "flops": g.flops}

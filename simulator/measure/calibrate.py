@@ -134,6 +134,7 @@ def read_raw(path: str | Path) -> dict:
                     raise ProfileError(f"raw points {where}: {section} point {i} has {key}={short_repr(x)}; it must be "
                                        f"a positive number of at most {top:g}, measure again")
     _check_sequence(data.get("sequence"), where)
+    _check_sustained(data.get("sustained"), where)
     for section in ("gemm", "elementwise"):
         if not data.get(section):
             raise ProfileError(f"raw points {where} hold no {section} points, which every profile needs; "
@@ -164,6 +165,22 @@ def _check_sequence(seq, where: str) -> None:
             if not _positive(x, _MAX_TIME_S):
                 raise ProfileError(f"raw points {where}: sequence round {i} has {key}={short_repr(x)}; it must be "
                                    f"a positive number of seconds, measure again")
+
+
+def _check_sustained(points, where: str) -> None:
+    """The sustained section: absent, or points each with a positive burst time and a list of positive
+    per-window times."""
+    if points is None or points == []:
+        return
+    if not isinstance(points, list) or any(not isinstance(p, dict) for p in points):
+        raise ProfileError(f"raw points {where}: 'sustained' must be the list of points calibration.measure writes; "
+                           "measure again")
+    for i, p in enumerate(points):
+        windows = p.get("window_s")
+        if not _positive(p.get("burst_s"), _MAX_TIME_S) or not isinstance(windows, list) or not windows or any(
+                not _positive(x, _MAX_TIME_S) for x in windows):
+            raise ProfileError(f"raw points {where}: sustained point {i} needs a positive burst_s and a non-empty "
+                               "list of positive window_s; measure again")
 
 
 def layer_arguments(model) -> list[str]:
@@ -284,6 +301,30 @@ def _sequence_slowdown(raw: dict, host) -> tuple[float, str, list[str]]:
     return min(max(0.0, median - 1.0), 1.99), source, [note]
 
 
+def _sustained_clock(raw: dict, cpu: bool) -> tuple[float, str, list[str]]:
+    """The share of the GEMM block's bursts a long run holds: one square GEMM's burst time (the median of a
+    few repetitions, as the GEMM section times every shape) over its time per product in the later half
+    of a run back to back (the median window), held at 1 (a later window faster than the burst is the
+    clock boosting or noise, not a limit). A CPU's point is kept in the raw file and not used: its
+    clock follows its load, which the sharing and sequence factors measure."""
+    points = raw.get("sustained") or []
+    if not points:
+        return 1.0, ("not measured (no sustained GEMM in the raw points); taken as 1: a long run's kernels as fast "
+                     "as the benchmarks' bursts"), []
+    p = points[-1]
+    late = p["window_s"][len(p["window_s"]) // 2:]
+    held = statistics.median(late)
+    ratio = p["burst_s"] / held
+    shape = f"{p.get('m')}x{p.get('n')}x{p.get('k')} {p.get('dtype')}"
+    if cpu:
+        return 1.0, (f"not applied on a CPU (its clock follows its load, which host_sharing_slowdown and "
+                     f"sequence_slowdown measure); the {shape} GEMM held {ratio:.3f} of its burst"), []
+    source = (f"measured: a {shape} GEMM on normally distributed inputs, its burst (median of repetitions) over "
+              f"its time per product in the later half of {p.get('seconds', 0):.0f} s back to back (median of "
+              f"{len(late)} windows): {ratio:.4f}, held at 1")
+    return min(ratio, 1.0), source, [f"a {shape} GEMM run back to back held {ratio:.1%} of its burst throughput"]
+
+
 def _device_info(device: dict, settings: dict) -> DeviceInfo:
     text = {k: (str(device[k]) if device.get(k) is not None else None)
             for k in ("name", "driver", "torch_version", "cuda_version", "date", "host")}
@@ -323,6 +364,8 @@ def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = Non
     jitter, jitter_src = _step_jitter(raw)
     sequence, sequence_src, sequence_notes = _sequence_slowdown(raw, host)
     notes += sequence_notes
+    sustained, sustained_src, sustained_notes = _sustained_clock(raw, cpu)
+    notes += sustained_notes
     skipped = {s: len(i.get("skipped", [])) for s, i in raw.get("sections", {}).items() if i.get("skipped")}
     if skipped:
         notes.append(f"points skipped to stay within the time budget: {skipped}")
@@ -336,6 +379,7 @@ def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = Non
         overlap_compute_slowdown=overlap, overlap_source=overlap_src,
         host_sharing_slowdown=sharing, host_sharing_source=sharing_src, step_jitter=jitter,
         step_jitter_source=jitter_src, sequence_slowdown=sequence, sequence_source=sequence_src,
+        sustained_clock_fraction=sustained, sustained_clock_source=sustained_src,
         notes="; ".join([f"measured with calibration.measure, settings {json.dumps(raw.get('settings', {}), sort_keys=True)}"]
                         + notes),
     )

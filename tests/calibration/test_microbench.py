@@ -24,7 +24,7 @@ from calibration.microbench.attention import (
 )
 from calibration.microbench.collectives import bus_factor, run_collectives
 from calibration.microbench.elementwise import KERNELS, time_elementwise
-from calibration.microbench.gemm import held_out_keys, run_gemms, time_gemm
+from calibration.microbench.gemm import held_out_keys, run_gemms, time_gemm, time_sustained_gemm
 from calibration.microbench.shapes import (
     Gemm,
     LayerDims,
@@ -123,6 +123,16 @@ def test_gemm_point_counts_flops_and_rotation_uses_random_data():
     p = time_gemm(Gemm("x", 64, 96, 32), torch.float32, CPU, warmup=1, repeats=3)
     assert p["flops"] == 2 * 64 * 96 * 32 and p["time_s"] > 0
     assert math.isclose(p["tflops"], p["flops"] / p["time_s"] / 1e12)
+
+
+@pytest.mark.measures
+def test_a_sustained_gemm_gives_its_burst_and_a_time_per_product_in_every_window():
+    """The contract of the measurement, not its values: a burst, then as many windows as asked, each a
+    positive time per product, the whole run about as long as asked (at least one product per window)."""
+    p = time_sustained_gemm(64, torch.float32, CPU, seconds=0.2, windows=4, warmup=1, repeats=3)
+    assert (p["m"], p["n"], p["k"], p["flops"]) == (64, 64, 64, 2 * 64**3)
+    assert p["burst_s"] > 0 and len(p["window_s"]) == 4 and all(t > 0 for t in p["window_s"])
+    assert p["seconds"] == 0.2 and p["dtype"] == "float32"
 
 
 def test_budget_skips_and_says_so():
@@ -273,10 +283,15 @@ def test_gpu_session_script_dry_run_on_the_cpu(tmp_path):
     assert proc.returncode == 0 or (proc.returncode == 1 and skipped_for_time), proc.stdout[-3000:] + proc.stderr[-3000:]
     if (out / "raw.json").is_file():
         raw = json.loads((out / "raw.json").read_text())
-        assert set(raw["sections"]) == {"sequence", "gemm", "attention", "elementwise", "collectives", "host"}
+        assert set(raw["sections"]) == {"sequence", "gemm", "attention", "elementwise", "collectives", "host",
+                                       "sustained"}
         # every section ran; the collectives' ranks cut short by a busy machine say so and keep what they measured
+        # every section ran; the collectives' ranks cut short by a busy machine say so and keep what they measured,
+        # and the sustained run, last, may find no time left and say that
         assert all(info["status"] == "done" or (s == "collectives" and info["status"] == "cut short" and info["error"])
+                   or (s == "sustained" and info["status"] == "skipped" and "no time left" in info["error"])
                    for s, info in raw["sections"].items()), raw["sections"]
+        assert (raw["sections"]["sustained"]["status"] == "done") == bool(raw["sustained"])
         assert raw["settings"]["layer"]["hidden_size"] == 64  # the tiny model's shapes, not GPT-3's
         # every kind in both modes, but for a point the section lists as skipped to stay within its time
         measured = {(p["kind"], p["mode"]) for p in raw["collectives"]}

@@ -180,6 +180,28 @@ def test_ops_in_a_step_are_slowed_as_measured_against_the_same_ops_alone(ratios,
     assert fit_profile(raw, check=False).profile.sequence_slowdown == pytest.approx(max(expected, 0.0), abs=1e-12)
 
 
+def _sustained_point(burst_s: float, windows: list[float]) -> dict:
+    return {"name": "sustained", "m": 8192, "n": 8192, "k": 8192, "batch": 1, "dtype": "bfloat16",
+            "burst_s": burst_s, "window_s": windows, "seconds": 30.0}
+
+
+def test_a_gpu_held_at_its_power_limit_gives_its_profile_the_clock_it_sustained():
+    """The burst over the median of the run's later windows (the first half, before the limit binds, is
+    not counted), held at 1; without the section the bursts stand; a CPU's point is kept, not applied."""
+    raw = _synthetic_raw()
+    assert fit_profile(raw, check=False).profile.sustained_clock_fraction == 1.0
+    raw["sustained"] = [_sustained_point(0.0040, [0.0040, 0.0041, 0.0042, 0.00425, 0.0042, 0.0043])]
+    profile = fit_profile(raw, check=False).profile
+    assert profile.sustained_clock_fraction == pytest.approx(0.0040 / 0.00425, rel=1e-12)
+    assert profile.sustained_clock_source.startswith("measured")
+    raw["sustained"] = [_sustained_point(0.0040, [0.0039, 0.0038, 0.0039, 0.0038])]  # a boost, or noise
+    assert fit_profile(raw, check=False).profile.sustained_clock_fraction == 1.0
+    cpu = _cpu_raw()
+    cpu["sustained"] = [_sustained_point(0.0040, [0.0050, 0.0050])]
+    profile = fit_profile(cpu, check=False).profile
+    assert profile.sustained_clock_fraction == 1.0 and "not applied on a CPU" in profile.sustained_clock_source
+
+
 def test_the_step_slowdown_scales_the_layers_compute_and_nothing_else():
     """A layer's forward and backward (and the embedding's, the loss's) scale by 1 + the slowdown on a device
     whose every op runs in turn; the collectives between them and the optimizer step do not."""
@@ -260,6 +282,9 @@ def test_devices_map_to_gpu_specs():
     (lambda r: r.update(sequence={"rounds": [{"loop_forward_s": 0.1}]}), "sequence round 0 has loop_backward_s=None"),
     (lambda r: r.update(sequence={"rounds": "fast"}), "'sequence' must be the mapping"),
     (lambda r: r.update(sequence={"ops_forward": -3, "rounds": []}), "sequence ops_forward=-3"),
+    (lambda r: r.update(sustained=[{"burst_s": 0.004, "window_s": []}]), "sustained point 0 needs"),
+    (lambda r: r.update(sustained=[{"burst_s": -1.0, "window_s": [0.004]}]), "sustained point 0 needs"),
+    (lambda r: r.update(sustained="hot"), "'sustained' must be the list"),
 ])
 def test_bad_raw_files_are_one_profile_error(tmp_path, mutate, match):
     raw = _synthetic_raw()
