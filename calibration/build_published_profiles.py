@@ -89,6 +89,16 @@ SUSTAINED_GEMM_SOURCE = ("H. He, 'Strangely, Matrix Multiplications on GPUs Run 
                          "257-258 TFLOPS sustained at the 400 W limit (295 with zeros, which draw less power)")
 
 
+DEVICE_SPREAD_RANGE = (0.0, 0.02)
+DEVICE_SPREAD_SOURCE = ("not measured for this GPU: 0, every device as fast as the one the benchmarks timed. Sinha et "
+                        "al. (SC22, 'Not All GPUs Are Created Equal') timed the same kernels on most GPUs of several "
+                        "large clusters of one SKU each (V100 and MI60 among them) and found about 8% performance "
+                        "variation from device to device, with outliers slower still; read as the fastest-to-"
+                        "slowest range of thousands of devices (6-8 standard deviations) that is a spread of about "
+                        "1-1.3%, so the range is 0-2%. A GEMM loop at sustained clocks timed on every GPU of a few "
+                        "nodes would pin it")
+
+
 def _sustained_clock_fraction(gpu: GpuSpec, gemm: GemmParams) -> tuple[float, str, tuple[float, float]]:
     """(value, source, range) of the share of the GEMM block's burst throughput a long run sustains. The
     A100 measurement against what the block predicts for the same shape sets the slow end; the value
@@ -527,7 +537,9 @@ def build_profile(gpu_name: str, host: bool = True) -> HardwareProfile:
         collectives=_links(gpu, rows, nic_gbps), host=_host() if host else None,
         overlap_compute_slowdown=OVERLAP_SLOWDOWN, overlap_source=OVERLAP_SOURCE,
         sustained_clock_fraction=sustained, sustained_clock_source=sustained_source,
-        ranges={"overlap_compute_slowdown": OVERLAP_RANGE, "sustained_clock_fraction": sustained_range},
+        device_speed_spread=0.0, device_speed_spread_source=DEVICE_SPREAD_SOURCE,
+        ranges={"overlap_compute_slowdown": OVERLAP_RANGE, "sustained_clock_fraction": sustained_range,
+                "device_speed_spread": DEVICE_SPREAD_RANGE},
         notes=f"Fitted to published microbenchmarks ({MD}) by calibration/build_published_profiles.py; the host "
               "block to the measured A100 sets together (python -m calibration.fit_host_overhead), checked with each "
               "left out in turn (calibration/published/host_overhead_loso.json).",

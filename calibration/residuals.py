@@ -107,7 +107,10 @@ WHAT_IFS = {
     # He (2024) measured an A100 held at its power limit; Korthikanti et al.'s per-layer timings run
     # at the bursts the profile keeps. The host block stays as fitted with the bursts.
     "tensor cores at the clock a power-limited A100 holds (sustained_clock_fraction at its slow end)": {
-        "profile_at_low": "sustained_clock_fraction"},
+        "profile_at": ("sustained_clock_fraction", "low")},
+    # Sinha et al. (SC22) on V100 and MI60 clusters; no A100 spread is measured.
+    "the job paced by its slowest device (device_speed_spread at its range's high end)": {
+        "profile_at": ("device_speed_spread", "high")},
 }
 A100 = "A100-SXM4-80GB"  # every run of the measured A100 sets
 
@@ -118,11 +121,11 @@ def what_ifs(sets: list[DataSet]) -> dict:
     out = {}
     for name, change in WHAT_IFS.items():
         profile = None
-        if "profile_at_low" in change:
+        if "profile_at" in change:
             profile = default_profile(A100)
-            path = change["profile_at_low"]
-            low = next(lo for p, _, lo, _ in profile.unpinned() if p == path)
-            profile = profile.with_value(path, low)
+            path, end = change["profile_at"]
+            low, high = next((lo, hi) for p, _, lo, hi in profile.unpinned() if p == path)
+            profile = profile.with_value(path, low if end == "low" else high)
         out[name] = {data.key: _errors(_rows(data, profile, change.get("plan"))) for data in sets}
     return out
 

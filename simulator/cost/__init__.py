@@ -16,6 +16,7 @@ from simulator.cost.attention import attention_forward_flops, attention_time_s
 from simulator.cost.collectives import CollectiveModel, Group
 from simulator.cost.elementwise import elementwise_time_s
 from simulator.cost.gemm import gemm_efficiency, gemm_time_s
+from simulator.cost.jitter import expected_max_of_normals
 from simulator.cost.profile import HardwareProfile
 from simulator.graph.layers import CollectiveKind, GemmShape, Op, OpKind
 from simulator.spec.errors import ConfigError, ProfileError
@@ -37,7 +38,8 @@ def _peak_flops(cluster: ClusterSpec, precision: Precision) -> float:
 class CostModel:
     """Times, in seconds, of the layer graph's ops, of DP/PP collectives and of pipeline transfers."""
 
-    def __init__(self, cluster: ClusterSpec, profile: HardwareProfile, precision: Precision, busy_neighbours: int = 0):
+    def __init__(self, cluster: ClusterSpec, profile: HardwareProfile, precision: Precision, busy_neighbours: int = 0,
+                 devices: int = 1):
         self.cluster = cluster
         self.profile = profile
         self.precision = precision
@@ -46,6 +48,9 @@ class CostModel:
         others = cluster.devices_per_host - 1
         self.busy_neighbours = min(busy_neighbours, others)
         self.compute_scale = 1.0 + (profile.host_sharing_slowdown * self.busy_neighbours / others if others else 0.0)
+        # a synchronous job of ``devices`` waits at each collective for its slowest device
+        self.devices = devices
+        self.compute_scale *= 1.0 + profile.device_speed_spread * expected_max_of_normals(devices)
         self.overlap_compute_slowdown = profile.overlap_compute_slowdown
         # a step's ops one after another, not each alone (the optimizer's streaming kernels are timed as it runs them)
         self.in_step_scale = 1.0 + profile.sequence_slowdown
@@ -157,12 +162,12 @@ def busy_neighbours(cluster: ClusterSpec, world_size: int) -> int:
 
 
 def build_cost_model(cluster: ClusterSpec, profile: HardwareProfile, precision: Precision,
-                     busy_neighbours: int = 0) -> CostModel:
+                     busy_neighbours: int = 0, devices: int = 1) -> CostModel:
     """The cost model of ``cluster`` running at the speeds of ``profile``, with ``busy_neighbours`` other
-    devices of each machine computing beside each device."""
+    devices of each machine computing beside each device, for a job of ``devices`` devices."""
     if profile.gpu.lower() != cluster.gpu.name.lower():
         raise ProfileError(
             f"profile {profile.name!r} describes GPU {profile.gpu!r} but cluster {cluster.name!r} has "
             f"{cluster.gpu.name!r}; use the profile of {cluster.gpu.name}"
         )
-    return CostModel(cluster, profile, precision, busy_neighbours)
+    return CostModel(cluster, profile, precision, busy_neighbours, devices)

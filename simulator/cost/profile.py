@@ -465,16 +465,23 @@ class HardwareProfile(BaseModel):
                                      "kernels do not wait on the SM clock).")
     sustained_clock_source: str = ("not measured; taken as 1: the kernels run as fast in a long run as in the "
                                    "short benchmarks the GEMM and attention blocks were fitted to")
+    device_speed_spread: float = Field(
+        0.0, ge=0, lt=0.5, description="Relative standard deviation of speed from one device of this type to "
+                                       "another (silicon, power and cooling): a synchronous job waits at every "
+                                       "collective for its slowest device, so its compute runs at the expected "
+                                       "slowest of its devices, 1 + spread x E[max of N standard normals].")
+    device_speed_spread_source: str = ("not measured; taken as 0: every device of a type as fast as the one the "
+                                       "benchmarks timed")
     ranges: dict[str, tuple[float, float]] = Field(
         default_factory=dict, description="Plausible (low, high) of this profile's own numbers that no measurement "
                                           "pins for every device (overlap_compute_slowdown, "
-                                          "sustained_clock_fraction).")
+                                          "sustained_clock_fraction, device_speed_spread).")
     notes: str = ""
 
     @model_validator(mode="after")
     def _ranges_hold_their_values(self) -> "HardwareProfile":
         for name in self.ranges:
-            if name not in ("overlap_compute_slowdown", "sustained_clock_fraction"):
+            if name not in ("overlap_compute_slowdown", "sustained_clock_fraction", "device_speed_spread"):
                 raise ValueError(f"the profile has a range for {name!r}, which is not one of its own numbers; "
                                  "put it in the block the number belongs to")
         for path, holder, name, low, high in self._ranged():

@@ -282,16 +282,17 @@ def cost_model_for(job: Job, profile, num_gpus: int | None = None):
         profile = load_profile(profile)
     from simulator.cost import busy_neighbours
 
-    return cached_cost_model(job.cluster, profile, job.plan.precision,
-                             busy_neighbours(job.cluster, num_gpus or job.plan.num_gpus))
+    gpus = num_gpus or job.plan.num_gpus
+    return cached_cost_model(job.cluster, profile, job.plan.precision, busy_neighbours(job.cluster, gpus), gpus)
 
 
 _COST_MODELS: ValueCache = ValueCache(maxsize=32)
 
 
-def cached_cost_model(cluster, profile, precision, busy_neighbours: int = 0):
+def cached_cost_model(cluster, profile, precision, busy_neighbours: int = 0, devices: int = 1):
     """The cost model of these inputs, built once while it stays among the 32 most recently asked for."""
     from simulator.cost import build_cost_model
 
-    key = (cluster.value_key(), profile.value_key(), precision.value, int(busy_neighbours))
-    return _COST_MODELS.get(key, lambda: build_cost_model(cluster, profile, precision, busy_neighbours))
+    devices = devices if profile.device_speed_spread else 1  # the job's size changes nothing else
+    key = (cluster.value_key(), profile.value_key(), precision.value, int(busy_neighbours), int(devices))
+    return _COST_MODELS.get(key, lambda: build_cost_model(cluster, profile, precision, busy_neighbours, devices))

@@ -94,3 +94,41 @@ def test_every_layer_op_has_a_finite_positive_time(tp, sp, flash):
 def test_profile_for_another_gpu_is_refused():
     with pytest.raises(ProfileError, match="H100"):
         build_cost_model(CLUSTER, load_profile("h100-sxm5-80gb-published"), Precision.bf16)
+
+
+@pytest.mark.parametrize("devices", [1, 2, 64, 1024])
+def test_a_job_computes_at_the_pace_of_its_expected_slowest_device(devices):
+    """With devices spread by sigma, every compute op of a job of N devices takes 1 + sigma E[max of N normals]
+    times as long (none for one device, 1 / sqrt(pi) sigma for two), and no collective does."""
+    from simulator.cost.jitter import expected_max_of_normals
+    from simulator.graph.layers import CollectiveKind, CollectiveOp
+
+    spread = A100.model_copy(update={"device_speed_spread": 0.02})
+    slow = build_cost_model(CLUSTER, spread, Precision.bf16, devices=devices)
+    factor = 1 + 0.02 * expected_max_of_normals(devices)
+    assert expected_max_of_normals(2) == pytest.approx(1 / 3.141592653589793 ** 0.5, rel=1e-6)
+    for op in (Op("g", OpKind.gemm, gemm=GemmShape(4096, 4096, 4096)), Op("e", OpKind.elementwise, bytes_moved=1e9)):
+        assert slow.op_time_s(op) == pytest.approx(COST.op_time_s(op) * factor, rel=1e-12)
+    ar = Op("c", OpKind.collective, collective=CollectiveOp(CollectiveKind.all_reduce, 2**26, 8))
+    assert slow.op_time_s(ar) == COST.op_time_s(ar)
+    # the published profiles keep every device as fast as the benchmarked one: the job's size changes nothing
+    assert build_cost_model(CLUSTER, A100, Precision.bf16, devices=devices).op_time_s(
+        Op("g", OpKind.gemm, gemm=GemmShape(4096, 4096, 4096))) == COST.op_time_s(Op("g", OpKind.gemm,
+                                                                                     gemm=GemmShape(4096, 4096, 4096)))
+
+
+def test_the_bands_slow_end_grows_with_the_devices_a_job_waits_for():
+    """The declared spread (0, up to 2%) moves a 1,024-GPU job's slow corner more than an 8-GPU job's."""
+    from simulator.estimator.band import corners
+    from simulator.spec.plan import Job
+
+    def change(gpus: int) -> float:
+        plan = ParallelPlan(tensor_parallel_size=8, pipeline_parallel_size=1, data_parallel_size=gpus // 8,
+                            micro_batch_size=1, global_batch_size=gpus // 8 * 4)
+        job = Job(model=load_model("gpt3-1.3b"), cluster=CLUSTER, plan=plan)
+        driver = next(d for d in corners(job, top=99).drivers if d.constant == "device_speed_spread")
+        assert driver.change_at_low == 0.0 and driver.value == 0.0
+        return driver.change_at_high
+
+    small, large = change(8), change(1024)
+    assert 0 < small < large
