@@ -96,7 +96,7 @@ class CostModel:
             s = op.gemm
             if not s.grouped and s.batch > 1:  # separate kernels, e.g. experts without the grouped GEMM
                 return s.batch * self._kernel_time_s(Op(op.name, op.kind, flops=op.flops / s.batch,
-                                                   gemm=GemmShape(s.m, s.n, s.k, 1, s.accumulate_bytes, s.fp8)))
+                                                       gemm=GemmShape(s.m, s.n, s.k, 1, s.accumulate_bytes, s.fp8)))
             if s.fp8:
                 return self._fp8_gemm_time_s(s)
             fitted = float(gemm_time_s(p.gemm, self.peak_flops, gpu.sm_count, s.m, s.n, s.k, s.batch,
