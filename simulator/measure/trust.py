@@ -8,8 +8,8 @@ import json
 from importlib import resources
 
 from simulator.estimator.band import band
-from simulator.estimator.regime import OUTSIDE_WIDENING, band_table
 from simulator.estimator.prediction import estimate
+from simulator.estimator.regime import OUTSIDE_WIDENING, band_table
 from simulator.measure.datasets import REGISTRY, Role, SetErrors, evaluate
 
 ROLE_TEXT = {
@@ -52,6 +52,7 @@ def registry_section(headline_job=None, headline_days: float | None = None) -> t
             cells = ", ".join(f"{tag} {v}: {_pct(bias)} ({n})" for v, (_, bias, n) in by.items())
             lines += ["", f"{ds.key}, signed bias by {tag} (runs): {cells}"]
     lines += _host_fit_left_out(data)
+    lines += _what_ifs(data)
     table = band_table()
     lines += ["", "Measured runs kept outside the repository judge the model on data it never saw; they are not "
               "reproduced here.", "", "### The band: how wrong the model has been, and whether that holds on a set it did "
@@ -125,4 +126,27 @@ def _host_fit_left_out(data: dict) -> list[str]:
             "weighing the same (`python -m calibration.fit_host_overhead`); the rows above show how far that fit "
             "carries to a set it did not see."]
     data["host_fit_left_out"] = table["rows"]
+    return lines
+
+
+def _what_ifs(data: dict) -> list[str]:
+    """What the measured A100 sets would say were a declared constant at an end of its range, or another
+    setting no source supports (``python -m calibration.residuals``): nothing here is applied."""
+    path = resources.files("calibration") / "published" / "residuals.json"
+    if not path.is_file():
+        return []
+    table = json.loads(path.read_text(encoding="utf-8"))
+    cases = table.get("what_if", {})
+    if not cases:
+        return []
+    keys = list(table["sets"])
+    lines = ["", "Not applied: each measured A100 set's mean absolute error (signed bias) were one of these so, the "
+             f"host block as fitted (`{table['command']}`), beside the model as it is. Each helps one set and hurts "
+             "another, which is why none is applied: each waits for a measurement, or a configuration of the "
+             "measured runs, that settles it.", "",
+             "| what if | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for name, per_set in {"the model as it is": table["sets"], **cases}.items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"{per_set[k]['mean_abs_error']:.1%} ({_pct(per_set[k]['bias'])})" for k in keys) + " |")
+    data["what_if"] = cases
     return lines

@@ -75,3 +75,21 @@ def test_the_cpu_runs_are_predicted_with_the_profile_measured_beside_them():
     for row in errors.rows:
         v = validate(load_run_record(CPU_VALIDATION / f"run-{row.label}.json"), str(CPU_VALIDATION / "cpu-profile.json"))
         assert row.predicted_s == v.iteration_time_s.predicted and row.measured_s == v.iteration_time_s.measured
+
+
+def test_the_committed_what_ifs_are_the_models_own_errors_and_the_report_shows_every_one():
+    """residuals.json's "as it is" row is what the sets give now (so the what-ifs beside it are current), and the
+    trust section prints one row per what-if with its numbers."""
+    from simulator.measure.trust import _what_ifs
+
+    table = json.loads((resources.files("calibration") / "published" / "residuals.json").read_text())
+    for key, committed in table["sets"].items():
+        now = evaluate(next(d for d in REGISTRY if d.key == key))
+        assert committed["mean_abs_error"] == pytest.approx(now.mean_abs_error, rel=1e-6), key
+        assert committed["bias"] == pytest.approx(now.bias, rel=1e-6, abs=1e-9), key
+    data: dict = {}
+    lines = _what_ifs(data)
+    assert data["what_if"] == table["what_if"] and len(table["what_if"]) >= 3
+    for name, per_set in table["what_if"].items():
+        row = next(line for line in lines if line.startswith(f"| {name} |"))
+        assert all(f"{e['mean_abs_error']:.1%}" in row for e in per_set.values())
