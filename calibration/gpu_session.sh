@@ -155,7 +155,8 @@ if copies:
 for p in raw.get("sustained", []):
     late = sorted(p["window_s"][len(p["window_s"]) // 2:])
     print(f"  sustained {p['m']}^3 GEMM: burst {p['flops'] / p['burst_s'] / 1e12:.1f} TFLOP/s, later windows "
-          f"{p['flops'] / late[len(late) // 2] / 1e12:.1f} TFLOP/s over {p['seconds']:.0f} s")
+          f"{p['flops'] / late[len(late) // 2] / 1e12:.1f} TFLOP/s over {p['seconds']:.0f} s"
+          f" on {len(p.get('device_window_s', [1]))} device(s) at once")
 for h in raw.get("host", []):
     print(f"  host {h['what']:26s} sync={h['synchronize']!s:5s} {h['time_s'] * 1e6:8.1f} us")
 PYEOF

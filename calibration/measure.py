@@ -295,8 +295,10 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                 # the burst first, then the run; on a GPU the burst takes well under a second
                 seconds = min(SUSTAINED_S[(args.device, args.quick)], budget.left_s() - (1.0 if gpu else 0.5))
                 if budget.allows(seconds + (1.0 if gpu else 0.5), f"sustained {size}^3 GEMM") and seconds > 0:
+                    # every GPU of the machine at once, as a job keeps them: the spread between them too
+                    others = tuple(torch.device("cuda", i) for i in range(1, torch.cuda.device_count())) if gpu else ()
                     raw["sustained"] = [time_sustained_gemm(size, dtype, device, seconds=seconds, warmup=warmup,
-                                                            repeats=repeats)]
+                                                            repeats=repeats, others=others)]
                 else:
                     info["status"] = "skipped"
                     info["error"] = "no time left in the budget for a sustained run"

@@ -63,30 +63,58 @@ SUSTAINED_S = {("cuda", False): 30.0, ("cuda", True): 10.0, ("cpu", False): 3.0,
 
 
 def time_sustained_gemm(size: int, dtype: torch.dtype, device: torch.device, *, seconds: float, windows: int = 10,
-                        warmup: int = 3, repeats: int = 10) -> dict:
+                        warmup: int = 3, repeats: int = 10, others: tuple[torch.device, ...] = ()) -> dict:
     """One square GEMM first as the GEMM section times every shape (a burst: the median of a few
     repetitions), then back to back for ``seconds``, the mean time per product over each of
     ``windows`` equal stretches. A device that holds its clock gives the burst's time in every
     window; one that its power or heat limit slows gives longer times in the later windows, which
     is what a training run's GEMMs meet hours in. Inputs are normally distributed, as trained weights
-    and activations roughly are (zeros draw less power and would hide the limit)."""
+    and activations roughly are (zeros draw less power and would hide the limit).
+
+    ``others``: more GPUs of the machine, each given the same GEMM, bursts timed one device at a time
+    and the run on all at once (as a job keeps them all busy, sharing the node's power and cooling);
+    their per-device times (``device_*``, ``device`` first) say how far one device's speed lies from
+    another's."""
     g = Gemm("sustained", size, size, size)
-    gen = torch.Generator(device=device).manual_seed(4321)
-    a, b = random_tensor((size, size), dtype, device, gen), random_tensor((size, size), dtype, device, gen)
-    out = torch.empty((size, size), dtype=dtype, device=device)
-    burst = time_stable(lambda i: torch.mm(a, b, out=out), device, warmup=warmup, repeats=repeats).median_s
-    window_s, per_window = [], max(seconds / windows, 1e-3)
+    devices = (device, *others)
+    operands = []
+    for d in devices:
+        gen = torch.Generator(device=d).manual_seed(4321)
+        operands.append((random_tensor((size, size), dtype, d, gen), random_tensor((size, size), dtype, d, gen),
+                         torch.empty((size, size), dtype=dtype, device=d)))
+    bursts = [time_stable(lambda i, a=a, b=b, out=out: torch.mm(a, b, out=out), d, warmup=warmup,
+                          repeats=repeats).median_s for d, (a, b, out) in zip(devices, operands)]
+    windows_s: list[list[float]] = [[] for _ in devices]
+    per_window = max(seconds / windows, 1e-3)
+    gpu = device.type == "cuda"
     for _ in range(windows):
-        synchronize(device)
+        for d in devices:
+            synchronize(d)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in devices] if gpu else []
+        for d, e in zip(devices, starts):
+            with torch.cuda.device(d):
+                e.record()
         count, t0 = 0, time.perf_counter()
         while True:
-            torch.mm(a, b, out=out)
+            for d, (a, b, out) in zip(devices, operands):  # issued in turn: each device's queue stays full
+                torch.mm(a, b, out=out)
             count += 1
-            if count % 8 == 0 or device.type != "cuda":  # the host runs ahead on a GPU: check the clock in steps
+            if count % 8 == 0 or not gpu:  # the host runs ahead on a GPU: check the clock in steps
                 synchronize(device)
                 if time.perf_counter() - t0 >= per_window:
                     break
-        synchronize(device)
-        window_s.append((time.perf_counter() - t0) / count)
+        if gpu:
+            ends = []
+            for d in devices:
+                with torch.cuda.device(d):
+                    ends.append(torch.cuda.Event(enable_timing=True))
+                    ends[-1].record()
+            for d in devices:
+                synchronize(d)
+            for times, s, e in zip(windows_s, starts, ends):
+                times.append(s.elapsed_time(e) / 1e3 / count)
+        else:
+            windows_s[0].append((time.perf_counter() - t0) / count)
     return {"name": g.name, "m": size, "n": size, "k": size, "batch": 1, "dtype": str(dtype).removeprefix("torch."),
-            "burst_s": burst, "window_s": window_s, "seconds": seconds, "flops": g.flops}
+            "burst_s": bursts[0], "window_s": windows_s[0], "seconds": seconds, "flops": g.flops,
+            "device_burst_s": bursts, "device_window_s": windows_s}

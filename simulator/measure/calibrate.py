@@ -175,12 +175,18 @@ def _check_sustained(points, where: str) -> None:
     if not isinstance(points, list) or any(not isinstance(p, dict) for p in points):
         raise ProfileError(f"raw points {where}: 'sustained' must be the list of points calibration.measure writes; "
                            "measure again")
+    def times(xs) -> bool:
+        return isinstance(xs, list) and bool(xs) and all(_positive(x, _MAX_TIME_S) for x in xs)
+
     for i, p in enumerate(points):
-        windows = p.get("window_s")
-        if not _positive(p.get("burst_s"), _MAX_TIME_S) or not isinstance(windows, list) or not windows or any(
-                not _positive(x, _MAX_TIME_S) for x in windows):
+        if not _positive(p.get("burst_s"), _MAX_TIME_S) or not times(p.get("window_s")):
             raise ProfileError(f"raw points {where}: sustained point {i} needs a positive burst_s and a non-empty "
                                "list of positive window_s; measure again")
+        bursts, windows = p.get("device_burst_s", [p["burst_s"]]), p.get("device_window_s", [p["window_s"]])
+        if not times(bursts) or not isinstance(windows, list) or len(windows) != len(bursts) or not all(
+                times(w) for w in windows):
+            raise ProfileError(f"raw points {where}: sustained point {i} needs one positive device_burst_s and one "
+                               "non-empty list of positive device_window_s per device; measure again")
 
 
 def layer_arguments(model) -> list[str]:
@@ -301,28 +307,51 @@ def _sequence_slowdown(raw: dict, host) -> tuple[float, str, list[str]]:
     return min(max(0.0, median - 1.0), 1.99), source, [note]
 
 
+def _late_s(windows: list[float]) -> float:
+    """Time per product once the run has settled: the median of the later half of its windows."""
+    return statistics.median(windows[len(windows) // 2:])
+
+
 def _sustained_clock(raw: dict, cpu: bool) -> tuple[float, str, list[str]]:
-    """The share of the GEMM block's bursts a long run holds: one square GEMM's burst time (the median of a
-    few repetitions, as the GEMM section times every shape) over its time per product in the later half
-    of a run back to back (the median window), held at 1 (a later window faster than the burst is the
-    clock boosting or noise, not a limit). A CPU's point is kept in the raw file and not used: its
-    clock follows its load, which the sharing and sequence factors measure."""
+    """The share of the GEMM block's bursts a long run holds: per device, one square GEMM's burst time (the
+    median of a few repetitions, as the GEMM section times every shape) over its time per product in the
+    later half of a run back to back (the median window, every device of the machine running at once),
+    averaged over the devices and held at 1 (a later window faster than the burst is the clock boosting or
+    noise, not a limit). A CPU's point is kept in the raw file and not used: its clock follows its load,
+    which the sharing and sequence factors measure."""
     points = raw.get("sustained") or []
     if not points:
         return 1.0, ("not measured (no sustained GEMM in the raw points); taken as 1: a long run's kernels as fast "
                      "as the benchmarks' bursts"), []
     p = points[-1]
-    late = p["window_s"][len(p["window_s"]) // 2:]
-    held = statistics.median(late)
-    ratio = p["burst_s"] / held
+    bursts, windows = p.get("device_burst_s", [p["burst_s"]]), p.get("device_window_s", [p["window_s"]])
+    ratio = statistics.fmean(b / _late_s(w) for b, w in zip(bursts, windows))
     shape = f"{p.get('m')}x{p.get('n')}x{p.get('k')} {p.get('dtype')}"
     if cpu:
         return 1.0, (f"not applied on a CPU (its clock follows its load, which host_sharing_slowdown and "
                      f"sequence_slowdown measure); the {shape} GEMM held {ratio:.3f} of its burst"), []
-    source = (f"measured: a {shape} GEMM on normally distributed inputs, its burst (median of repetitions) over "
-              f"its time per product in the later half of {p.get('seconds', 0):.0f} s back to back (median of "
-              f"{len(late)} windows): {ratio:.4f}, held at 1")
+    on = f"each of {len(bursts)} devices at once" if len(bursts) > 1 else "one device"
+    source = (f"measured: a {shape} GEMM on normally distributed inputs, {on}; its burst (median of repetitions) "
+              f"over its time per product in the later half of {p.get('seconds', 0):.0f} s back to back (median "
+              f"window), averaged over the devices: {ratio:.4f}, held at 1")
     return min(ratio, 1.0), source, [f"a {shape} GEMM run back to back held {ratio:.1%} of its burst throughput"]
+
+
+def _device_spread(raw: dict, cpu: bool) -> tuple[float, str]:
+    """The spread of speed from device to device: the sample standard deviation over the mean of the
+    devices' settled throughputs in the sustained run (all of them at once); with one device, or on a CPU,
+    not measured."""
+    points = raw.get("sustained") or []
+    windows = points[-1].get("device_window_s", []) if points else []
+    if cpu or len(windows) < 2:
+        return 0.0, ("not measured (a sustained GEMM on two or more GPUs of a machine at once measures it); taken as "
+                     "0: every device as fast as the one the benchmarks timed")
+    speeds = [1.0 / _late_s(w) for w in windows]
+    spread = statistics.stdev(speeds) / statistics.fmean(speeds)
+    return min(spread, 0.49), (f"measured: the settled throughput of a sustained GEMM on {len(speeds)} GPUs of one "
+                               f"machine at once, their sample standard deviation over their mean ({spread:.4f}; "
+                               f"slowest {min(speeds) / statistics.fmean(speeds) - 1:+.1%} of the mean); a few "
+                               "devices of one machine, so a floor for a cluster's spread")
 
 
 def _device_info(device: dict, settings: dict) -> DeviceInfo:
@@ -366,6 +395,7 @@ def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = Non
     notes += sequence_notes
     sustained, sustained_src, sustained_notes = _sustained_clock(raw, cpu)
     notes += sustained_notes
+    spread, spread_src = _device_spread(raw, cpu)
     skipped = {s: len(i.get("skipped", [])) for s, i in raw.get("sections", {}).items() if i.get("skipped")}
     if skipped:
         notes.append(f"points skipped to stay within the time budget: {skipped}")
@@ -380,6 +410,7 @@ def fit_profile(raw: dict, *, gpu: GpuSpec | None = None, name: str | None = Non
         host_sharing_slowdown=sharing, host_sharing_source=sharing_src, step_jitter=jitter,
         step_jitter_source=jitter_src, sequence_slowdown=sequence, sequence_source=sequence_src,
         sustained_clock_fraction=sustained, sustained_clock_source=sustained_src,
+        device_speed_spread=spread, device_speed_spread_source=spread_src,
         notes="; ".join([f"measured with calibration.measure, settings {json.dumps(raw.get('settings', {}), sort_keys=True)}"]
                         + notes),
     )

@@ -133,6 +133,8 @@ def test_a_sustained_gemm_gives_its_burst_and_a_time_per_product_in_every_window
     assert (p["m"], p["n"], p["k"], p["flops"]) == (64, 64, 64, 2 * 64**3)
     assert p["burst_s"] > 0 and len(p["window_s"]) == 4 and all(t > 0 for t in p["window_s"])
     assert p["seconds"] == 0.2 and p["dtype"] == "float32"
+    # one device: its own times are the per-device ones
+    assert p["device_burst_s"] == [p["burst_s"]] and p["device_window_s"] == [p["window_s"]]
 
 
 def test_budget_skips_and_says_so():

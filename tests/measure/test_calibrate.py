@@ -202,6 +202,27 @@ def test_a_gpu_held_at_its_power_limit_gives_its_profile_the_clock_it_sustained(
     assert profile.sustained_clock_fraction == 1.0 and "not applied on a CPU" in profile.sustained_clock_source
 
 
+def test_gpus_run_at_once_give_the_clock_they_held_together_and_their_spread():
+    """Every GPU of a machine in the sustained run at once: the clock is the devices' mean burst / settled
+    ratio, the spread the sample standard deviation of their settled throughputs over its mean; one device
+    measures no spread."""
+    import statistics
+
+    late = [0.0042, 0.0042, 0.0044, 0.0040]
+    point = _sustained_point(0.0040, [0.0040, late[0], late[0]])
+    point.update(device_burst_s=[0.0040] * 4, device_window_s=[[0.0040, t, t] for t in late])
+    raw = _synthetic_raw()
+    raw["sustained"] = [point]
+    profile = fit_profile(raw, check=False).profile
+    assert profile.sustained_clock_fraction == pytest.approx(statistics.fmean(0.0040 / t for t in late), rel=1e-12)
+    speeds = [1 / t for t in late]
+    assert profile.device_speed_spread == pytest.approx(statistics.stdev(speeds) / statistics.fmean(speeds),
+                                                        rel=1e-12)
+    assert profile.device_speed_spread_source.startswith("measured")
+    raw["sustained"] = [_sustained_point(0.0040, [0.0040, 0.0042])]
+    assert fit_profile(raw, check=False).profile.device_speed_spread == 0.0
+
+
 def test_the_step_slowdown_scales_the_layers_compute_and_nothing_else():
     """A layer's forward and backward (and the embedding's, the loss's) scale by 1 + the slowdown on a device
     whose every op runs in turn; the collectives between them and the optimizer step do not."""
@@ -285,6 +306,8 @@ def test_devices_map_to_gpu_specs():
     (lambda r: r.update(sustained=[{"burst_s": 0.004, "window_s": []}]), "sustained point 0 needs"),
     (lambda r: r.update(sustained=[{"burst_s": -1.0, "window_s": [0.004]}]), "sustained point 0 needs"),
     (lambda r: r.update(sustained="hot"), "'sustained' must be the list"),
+    (lambda r: r.update(sustained=[{"burst_s": 0.004, "window_s": [0.004], "device_burst_s": [0.004, 0.004],
+                                    "device_window_s": [[0.004]]}]), "one non-empty list of positive device_window_s"),
 ])
 def test_bad_raw_files_are_one_profile_error(tmp_path, mutate, match):
     raw = _synthetic_raw()
