@@ -175,6 +175,7 @@ def _check_sustained(points, where: str) -> None:
     if not isinstance(points, list) or any(not isinstance(p, dict) for p in points):
         raise ProfileError(f"raw points {where}: 'sustained' must be the list of points calibration.measure writes; "
                            "measure again")
+
     def times(xs) -> bool:
         return isinstance(xs, list) and bool(xs) and all(_positive(x, _MAX_TIME_S) for x in xs)
 
