@@ -292,9 +292,9 @@ def measure(args: argparse.Namespace, log=print) -> dict:
                     raw["collective_host"] = single_rank_issue_cost(device, dtype)
             elif section == "sustained":
                 size = SUSTAINED_SHAPE[args.device]
-                # the burst first, then the run; on a GPU the burst takes well under a second
-                seconds = min(SUSTAINED_S[(args.device, args.quick)], budget.left_s() - (1.0 if gpu else 0.5))
-                if budget.allows(seconds + (1.0 if gpu else 0.5), f"sustained {size}^3 GEMM") and seconds > 0:
+                burst_s = 1.0 if gpu else 0.5  # the bursts first, then the run; on a GPU well under a second each
+                seconds = min(SUSTAINED_S[(args.device, args.quick)], budget.left_s() - burst_s)
+                if budget.allows(seconds + burst_s, f"sustained {size}^3 GEMM") and seconds > 0:
                     # every GPU of the machine at once, as a job keeps them: the spread between them too
                     others = tuple(torch.device("cuda", i) for i in range(1, torch.cuda.device_count())) if gpu else ()
                     raw["sustained"] = [time_sustained_gemm(size, dtype, device, seconds=seconds, warmup=warmup,

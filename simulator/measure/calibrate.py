@@ -183,7 +183,7 @@ def _check_sustained(points, where: str) -> None:
         if not _positive(p.get("burst_s"), _MAX_TIME_S) or not times(p.get("window_s")):
             raise ProfileError(f"raw points {where}: sustained point {i} needs a positive burst_s and a non-empty "
                                "list of positive window_s; measure again")
-        bursts, windows = p.get("device_burst_s", [p["burst_s"]]), p.get("device_window_s", [p["window_s"]])
+        bursts, windows = _per_device(p)
         if not times(bursts) or not isinstance(windows, list) or len(windows) != len(bursts) or not all(
                 times(w) for w in windows):
             raise ProfileError(f"raw points {where}: sustained point {i} needs one positive device_burst_s and one "
@@ -308,6 +308,11 @@ def _sequence_slowdown(raw: dict, host) -> tuple[float, str, list[str]]:
     return min(max(0.0, median - 1.0), 1.99), source, [note]
 
 
+def _per_device(point: dict) -> tuple[list, list]:
+    """A sustained point's (burst, windows) per device; a point from one device carries them once."""
+    return point.get("device_burst_s", [point["burst_s"]]), point.get("device_window_s", [point["window_s"]])
+
+
 def _late_s(windows: list[float]) -> float:
     """Time per product once the run has settled: the median of the later half of its windows."""
     return statistics.median(windows[len(windows) // 2:])
@@ -325,7 +330,7 @@ def _sustained_clock(raw: dict, cpu: bool) -> tuple[float, str, list[str]]:
         return 1.0, ("not measured (no sustained GEMM in the raw points); taken as 1: a long run's kernels as fast "
                      "as the benchmarks' bursts"), []
     p = points[-1]
-    bursts, windows = p.get("device_burst_s", [p["burst_s"]]), p.get("device_window_s", [p["window_s"]])
+    bursts, windows = _per_device(p)
     ratio = statistics.fmean(b / _late_s(w) for b, w in zip(bursts, windows))
     shape = f"{p.get('m')}x{p.get('n')}x{p.get('k')} {p.get('dtype')}"
     if cpu:
@@ -343,7 +348,7 @@ def _device_spread(raw: dict, cpu: bool) -> tuple[float, str]:
     devices' settled throughputs in the sustained run (all of them at once); with one device, or on a CPU,
     not measured."""
     points = raw.get("sustained") or []
-    windows = points[-1].get("device_window_s", []) if points else []
+    windows = _per_device(points[-1])[1] if points else []
     if cpu or len(windows) < 2:
         return 0.0, ("not measured (a sustained GEMM on two or more GPUs of a machine at once measures it); taken as "
                      "0: every device as fast as the one the benchmarks timed")
