@@ -69,9 +69,11 @@ def test_figure8_digitized_rows_add_up_to_their_totals():
 
 
 def test_with_the_paper_layer_the_unpipelined_22b_rows_come_within_3_percent():
-    """22B runs one stage and one micro-batch: with Figure 8's layer, what is left is the embedding,
-    the output layer and the optimizer step, which the model must then get right."""
-    rows = [r for r in k.pipeline_residuals() if r.label.startswith("megatron-22b")]
+    """22B runs one stage and one micro-batch: with the layer the paper measured (Table 4's baseline, the
+    same 22B configuration, in Figure 8's shares for each row's policy), what is left is the embedding,
+    the output layer and the optimizer step, which the model must then get right. (The model's own
+    layer is held to Table 4 above.)"""
+    rows = [r for r in k.pipeline_residuals(measured_22b_layer=True) if r.label.startswith("megatron-22b")]
     assert len(rows) == 2
     for r in rows:
         assert abs(r.with_published_layer / r.published - 1) <= 0.03, r.label
