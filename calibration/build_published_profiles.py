@@ -50,6 +50,7 @@ from simulator.spec.hardware import GpuSpec, load_cluster, load_gpu
 
 HERE = Path(__file__).resolve().parent
 PUBLISHED = HERE / "published" / "hardware.json"
+VTRAIN_NCCL = HERE / "published" / "vtrain-nccl-a100"
 HOST_FIT = HERE / "published" / "host_overhead_fit.json"
 MD = "calibration/published/hardware.md"
 
@@ -82,6 +83,7 @@ OVERLAP_SOURCE = ("not measured in the published data: NCCL runs one thread bloc
 # is fitted to, reports the fastest of 100 iterations of each shape, a burst the power limit has
 # yet to bind; a training step runs its GEMMs for hours with weights and activations that are
 # anything but zeros.
+SUSTAINED_GEMM_GPU = "A100-SXM4-80GB"
 SUSTAINED_GEMM_SHAPE = (8192, 8192, 8192)
 SUSTAINED_GEMM_TFLOPS = (257.0, 258.0)
 SUSTAINED_GEMM_SOURCE = ("H. He, 'Strangely, Matrix Multiplications on GPUs Run Faster When Given \"Predictable\" "
@@ -99,22 +101,26 @@ DEVICE_SPREAD_SOURCE = ("not measured for this GPU: 0, every device as fast as t
                         "nodes would pin it")
 
 
-def _sustained_clock_fraction(gpu: GpuSpec, gemm: GemmParams) -> tuple[float, str, tuple[float, float]]:
-    """(value, source, range) of the share of the GEMM block's burst throughput a long run sustains. The
-    A100 measurement against what the block predicts for the same shape sets the slow end; the value
-    stays at the bursts, which the only per-layer A100 timings in the repository support."""
-    burst_tflops = float(gemm_efficiency(gemm, gpu.sm_count, *SUSTAINED_GEMM_SHAPE)) * gpu.peak_tflops.bf16
-    a100 = statistics.fmean(SUSTAINED_GEMM_TFLOPS) / burst_tflops
+def _a100_sustained_ratio() -> tuple[float, float]:
+    """(sustained / burst, burst TFLOPS): the A100's sustained 8192^3 GEMM over what its GEMM block (MAMF's fastest
+    iteration, a burst) gives that shape."""
+    a100 = load_gpu(SUSTAINED_GEMM_GPU)
+    gemm = _gemm(a100, _measured(), GPUS[a100.name][1])
+    burst_tflops = float(gemm_efficiency(gemm, a100.sm_count, *SUSTAINED_GEMM_SHAPE)) * a100.peak_tflops.bf16
+    return statistics.fmean(SUSTAINED_GEMM_TFLOPS) / burst_tflops, burst_tflops
+
+
+def _sustained_clock_fraction(gpu: GpuSpec) -> tuple[float, str, tuple[float, float]]:
+    """(value, source, range) of the share of the GEMM block's burst throughput a long run sustains: an A100's
+    measured ratio; elsewhere, not measured, the bursts, with the A100's ratio as the slow end."""
+    ratio, burst_tflops = _a100_sustained_ratio()
     if gpu.architecture == "ampere":
-        ratio = (f"{SUSTAINED_GEMM_SOURCE}, against the {burst_tflops:.1f} TFLOPS the GEMM block (MAMF's fastest "
-                 f"iteration) gives that shape: {a100:.4f}, the range's slow end")
-    else:
-        ratio = (f"no sustained GEMM timing was published for {gpu.name}; the slow end is the A100's ratio "
-                 f"({a100:.4f}: {SUSTAINED_GEMM_SOURCE}), as a device held at its power limit would be")
-    return 1.0, (f"not pinned for a training run: 1, the benchmarks' bursts, which Korthikanti et al.'s per-layer "
-                 f"A100 timings (Table 4) support, their forward already faster than the model's; {ratio}. How far "
-                 "a run's clock falls depends on its device's cooling and on how much of each step its GEMMs "
-                 "fill, which nothing here measures"), (a100, 1.0)
+        return ratio, (f"{SUSTAINED_GEMM_SOURCE}, against the {burst_tflops:.1f} TFLOPS the GEMM block (MAMF's "
+                       f"fastest iteration, a burst) gives that shape: {ratio:.4f}. Range up to 1, the bursts: how "
+                       "far a run's clock falls depends on its device's cooling and on how much of each step its "
+                       "GEMMs fill, which nothing here measures"), (ratio, 1.0)
+    return 1.0, (f"not measured for this GPU: 1, the benchmarks' bursts; the slow end is the A100's ratio "
+                 f"({ratio:.4f}: {SUSTAINED_GEMM_SOURCE}), as a device held at its power limit would be"), (ratio, 1.0)
 
 
 def _measured() -> dict[str, dict]:
@@ -395,6 +401,40 @@ def _links(gpu: GpuSpec, rows: dict, nic_gbps: float) -> CollectiveParams:
     return CollectiveParams(nvlink=nvlink, network=network)
 
 
+# The sizes (MiB) the measured 2-8 GPU all-reduce curves keep: about four per doubling, the measurements' own
+# range (1 MiB-1 GiB in 1 MiB steps), so interpolating between them stays within the measurements' scatter.
+NCCL_CURVE_MIB = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224,
+                  256, 320, 384, 448, 512, 640, 768, 896, 1024)
+NCCL_CURVE_WINDOW = 0.03  # each kept size: the median of the measured sizes within 3% of it
+
+
+def vtrain_nccl_rows(path: Path) -> list[tuple[int, float]]:
+    """(size_bytes, in-place time_s) of one of vTrain's nccl-tests all-reduce tables."""
+    import csv
+
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        if len(header) != 7 or not header[0].startswith("size"):
+            raise ValueError(f"{path}: expected nccl-tests' 7 columns (size, count, type, time, busbw, time, busbw)")
+        return [(int(row[0]), float(row[5]) * 1e-9) for row in reader]
+
+
+def vtrain_nccl_curves() -> dict[int, tuple[tuple[float, float], ...]]:
+    """The measured all-reduce curve of each rank count (2-8 GPUs of one A100 node), on ``NCCL_CURVE_MIB``."""
+    curves = {}
+    for path in sorted(VTRAIN_NCCL.glob("allreduce_*gpu.csv")):
+        ranks = int(path.stem.removeprefix("allreduce_").removesuffix("gpu"))
+        rows = vtrain_nccl_rows(path)
+        curve = []
+        for mib in NCCL_CURVE_MIB:
+            size = mib << 20
+            near = [t for s, t in rows if abs(s / size - 1) <= NCCL_CURVE_WINDOW]
+            curve.append((float(size), statistics.median(near)))
+        curves[ranks] = tuple(curve)
+    return curves
+
+
 def _links_borrowed(gpu: GpuSpec, rows: dict, nic_gbps: float) -> tuple[LinkParams, LinkParams]:
     """NVLink from the GPU's curve, and the network's bandwidth and latency, its ramp borrowed from NVLink."""
     ring_latency_s = (NCCL_RING_LL_BASE_US + 2 * 7 * NCCL_NVLINK_LL_STEP_US) * 1e-6
@@ -413,7 +453,7 @@ def _links_borrowed(gpu: GpuSpec, rows: dict, nic_gbps: float) -> tuple[LinkPara
         nvlink = LinkParams(
             latency_s=ring_latency_s, max_busbw_gbps=best_busbw,
             half_size_bytes=fit.params["half_size_bytes"], ramp_exponent=fit.params["ramp_exponent"],
-            ramp_curve=ramp_curve,
+            ramp_curve=ramp_curve, all_reduce_curves=vtrain_nccl_curves(),
             p2p_bandwidth_gbps=nvlink_p2p.params["achieved_fraction"] * gpu.nvlink_bandwidth_gbps_per_direction,
             p2p_latency_s=p2p_latency,
             ranges={"p2p_bandwidth_gbps": (371 / 450 * gpu.nvlink_bandwidth_gbps_per_direction,
@@ -422,6 +462,13 @@ def _links_borrowed(gpu: GpuSpec, rows: dict, nic_gbps: float) -> tuple[LinkPara
                 "latency_s": latency_source,
                 "max_busbw_gbps": f"the best point of {curve_source}, its latency taken out",
                 "ramp_curve": f"{curve_source}: each point's busbw with the latency taken out, over the best",
+                "all_reduce_curves": ("nccl-tests all_reduce_perf on 2-8 GPUs of one A100 node (NVSwitch), 1 MiB-1 "
+                                      "GiB, in place: vTrain's A100 tables (calibration/published/vtrain-nccl-a100, "
+                                      "measured on the machines of the vTrain development sets); each kept size the "
+                                      "median of the measured sizes within 3% of it. They run faster than the "
+                                      "[stas-net] curve at 8 GPUs from 16 to 256 MiB, and at 2-7 GPUs their 1-4 MiB "
+                                      "floor is below what that curve's ramp gives; it is kept for other sizes and "
+                                      "rank counts"),
                 **{k: f"fitted to {curve_source}; used only outside its sizes"
                    for k in ("half_size_bytes", "ramp_exponent")},
                 "p2p_bandwidth_gbps": ("no A100 p2p figure was published: the fraction of line rate measured on "
@@ -530,7 +577,7 @@ def build_profile(gpu_name: str, host: bool = True) -> HardwareProfile:
     nic_gbps, tiles = GPUS[gpu.name]
     rows = _measured()
     gemm = _gemm(gpu, rows, tiles)
-    sustained, sustained_source, sustained_range = _sustained_clock_fraction(gpu, gemm)
+    sustained, sustained_source, sustained_range = _sustained_clock_fraction(gpu)
     return HardwareProfile(
         schema_version=SCHEMA_VERSION, name=f"{gpu.name.lower()}-published", source="published", gpu=gpu.name,
         gemm=gemm, gemm_fp8=_gemm_fp8(gpu, rows, gemm), elementwise=_elementwise(gpu, rows), attention=_attention(gpu),

@@ -104,10 +104,14 @@ WHAT_IFS = {
     # Megatron's default under fp16 reduces gradients in the model's 2-byte dtype, and DeepSpeed's
     # communication dtype defaults to fp16 as well; nothing in the sets' READMEs says otherwise.
     "gradients reduced in fp32": {"plan": {"accumulate_allreduce_grads_in_fp32": True}},
-    # He (2024) measured an A100 held at its power limit; Korthikanti et al.'s per-layer timings run
-    # at the bursts the profile keeps. The host block stays as fitted with the bursts.
-    "tensor cores at the clock a power-limited A100 holds (sustained_clock_fraction at its slow end)": {
-        "profile_at": ("sustained_clock_fraction", "low")},
+    # The A100 profile holds the clock He (2024) measured at the power limit; MAMF's bursts are the range's
+    # other end. The host block stays as fitted with the sustained clock.
+    "tensor cores at the benchmarks' bursts (sustained_clock_fraction at its fast end)": {
+        "profile_at": ("sustained_clock_fraction", "high")},
+    # The in-node collectives of 2-8 GPUs read from the measured tables (vtrain-nccl-a100), or from the
+    # link model fitted to the one published 8-GPU sweep ([stas-net]), scaled to other ring sizes.
+    "collectives inside a node from the 8-GPU link model, not the measured 2-8 GPU tables": {
+        "profile_change": "link_model_only"},
     # Sinha et al. (SC22) on V100 and MI60 clusters; no A100 spread is measured.
     "the job paced by its slowest device (device_speed_spread at its range's high end)": {
         "profile_at": ("device_speed_spread", "high")},
@@ -126,6 +130,11 @@ def what_ifs(sets: list[DataSet]) -> dict:
             path, end = change["profile_at"]
             low, high = next((lo, hi) for p, _, lo, hi in profile.unpinned() if p == path)
             profile = profile.with_value(path, low if end == "low" else high)
+        if change.get("profile_change") == "link_model_only":
+            profile = default_profile(A100)
+            nvlink = profile.collectives.nvlink.model_copy(update={"all_reduce_curves": None})
+            profile = profile.model_copy(update={"collectives": profile.collectives.model_copy(
+                update={"nvlink": nvlink})})
         out[name] = {data.key: _errors(_rows(data, profile, change.get("plan"))) for data in sets}
     return out
 

@@ -49,6 +49,7 @@ READERS: list[tuple[str, Callable[[Path], Any]]] = [
     # building the jobs of all 1,440 rows takes seconds: every row, and the jobs of the first few
     ("calibration/published/vtrain-single-node/*.csv", lambda p: [vtrain_job(*row[:10]) for row in _vtrain_rows()[:3]]),
     ("calibration/published/vtrain-multi-node-dev/*.csv", _data_set("vtrain-multi-node-dev")),
+    ("calibration/published/vtrain-nccl-a100/*.csv", lambda p: _nccl_table(p)),
     ("calibration/published/model_error_band.json", lambda p: _band_file()),
     ("calibration/published/host_overhead_loso.json", lambda p: _host_left_out(p)),
     ("calibration/published/residuals.json", lambda p: _residuals(p)),
@@ -57,6 +58,14 @@ READERS: list[tuple[str, Callable[[Path], Any]]] = [
     ("reports/cpu-validation/cpu-profile*.json", load_profile),
     ("reports/cpu-validation/summary.json", lambda p: parse_json(read_text(p, "summary"), str(p))),
 ]
+
+
+def _nccl_table(path: Path) -> Any:
+    from calibration.build_published_profiles import vtrain_nccl_rows
+
+    rows = vtrain_nccl_rows(path)
+    assert rows and all(size > 0 and t > 0 for size, t in rows)
+    return rows
 
 
 def _band_file() -> Any:

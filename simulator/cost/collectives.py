@@ -12,6 +12,12 @@ S^p / (S^p + half_size^p). A link whose ramp was measured on one ring and is use
 measured at, and a ring of bus bandwidth B reads it at S x reference / B: what the ramp hides is a
 fill time, which a faster ring covers with more bytes.
 
+Where a profile holds measured all-reduce tables for a group's rank count on one node
+(``LinkParams.all_reduce_curves``: nccl-tests on 2-8 A100 GPUs), a group of that size inside a node
+reads its time from them instead: the link model's one 8-GPU curve, its latency and ramp scaled to
+other ring sizes, misses how the small-message floor of 2-4 GPUs and the 16-256 MiB bandwidth of
+8 GPUs were measured on the machines the development sets ran on.
+
 busbw_max comes from routing the group's rings over the network graph; the latency grows with
 the inter-node steps a ring (2(N-1) for all-reduce over N nodes) or a tree (2 log2 N) takes, and
 with the IB switch hops of each step. Like NCCL, an all-reduce takes the faster of ring and tree,
@@ -60,6 +66,10 @@ def ramp(link: LinkParams, nbytes: float, busbw_gbps: float | None = None) -> fl
     return 1.0 / (1.0 + (link.half_size_bytes / nbytes) ** p) if link.half_size_bytes > 0 else 1.0
 
 
+# the kinds a measured all-reduce curve prices: NCCL's ring all-reduce is a reduce-scatter, then an all-gather
+_RING_KINDS = (CollectiveKind.all_reduce, CollectiveKind.reduce_scatter, CollectiveKind.all_gather)
+
+
 def _factor(kind: CollectiveKind, n: int) -> float:
     """Bytes through each rank per byte of the buffer (nccl-tests' bus-bandwidth factor); an all-to-all
     moves (n - 1) / n of its buffer, like an all-gather, but every pair at once: the ring's link bound
@@ -92,7 +102,28 @@ class CollectiveModel:
         """One inter-node step: the fitted step latency, plus the switch hops past the first leaf."""
         return self.net.latency_s + max(shape.switch_hops - 1, 0) * self.cluster.fabric.switch_latency_ns * 1e-9
 
+    def _measured_in_node_s(self, kind: CollectiveKind, nbytes: float, group: Group, modelled_s: float) -> float | None:
+        """The time a measured all-reduce curve of the group's rank count gives (None where there is none)."""
+        curve = (self.nvlink.all_reduce_curves or {}).get(group.size)
+        if curve is None or kind not in _RING_KINDS:
+            return None
+        share = 1.0 if kind is CollectiveKind.all_reduce else 0.5
+        smallest_s = curve[0][1]
+        if nbytes < curve[0][0]:  # the link model's latency-bound end, held under what the smallest size took
+            return min(modelled_s, share * smallest_s)
+        if nbytes > curve[-1][0]:  # bandwidth-bound: the last measured rate
+            return share * curve[-1][1] * nbytes / curve[-1][0]
+        return share * interpolate_log_log(curve, nbytes)
+
     def _flat(self, kind: CollectiveKind, nbytes: float, group: Group) -> float:
+        modelled = self._modelled(kind, nbytes, group)
+        if self.nvlink.all_reduce_curves and self.network.ring(group.size, group.stride).nodes == 1:
+            measured = self._measured_in_node_s(kind, nbytes, group, modelled)
+            if measured is not None:
+                return measured
+        return modelled
+
+    def _modelled(self, kind: CollectiveKind, nbytes: float, group: Group) -> float:
         shape = self.network.ring(group.size, group.stride)
         params = self.nvlink if shape.bottleneck_class == NVLINK else self.net
         busbw = shape.busbw_gbps

@@ -318,6 +318,14 @@ class LinkParams(_Block):
     nvls_max_busbw_gbps: float | None = Field(
         None, **_GBPS, description="All-reduce bus bandwidth with NVLink SHARP (Hopper and later), GB/s."
     )
+    all_reduce_curves: dict[int, tuple[tuple[float, float], ...]] | None = Field(
+        None, description="Measured all-reduce times on n ranks of one node, per n: (size_bytes, time_s) points, "
+                          "sizes increasing. A group of n ranks inside one node reads its all-reduce from n's curve "
+                          "(log-log) and its reduce-scatter and all-gather as half of it (NCCL's ring all-reduce is "
+                          "a reduce-scatter, then an all-gather); below the curve's sizes the link model holds, never "
+                          "above the smallest measured time; above them, the last point's bandwidth. A rank count "
+                          "without a curve, and any group across nodes, uses the link model.",
+    )
     p2p_bandwidth_gbps: float = Field(description="Send/recv bandwidth of one GPU pair, GB/s.", **_GBPS)
     p2p_latency_s: float = Field(**_SECONDS)
 
@@ -344,6 +352,19 @@ class LinkParams(_Block):
                                  "from 1 to 1e15 bytes and factors from 0.01 to 100; measure again or drop it")
             if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
                 raise ValueError(f"kind_factors[{kind!r}] sizes must increase strictly; sort the points and drop "
+                                 "repeated sizes")
+        return self
+
+    @model_validator(mode="after")
+    def _all_reduce_curves_are_curves(self) -> "LinkParams":
+        for ranks, c in (self.all_reduce_curves or {}).items():
+            if not 2 <= ranks <= 1024:
+                raise ValueError(f"all_reduce_curves has a curve for {ranks} ranks; a curve is for 2 to 1024 ranks")
+            if len(c) < 2 or any(not (0 < size <= _SIZE["le"] and 0 < t <= 1e3) for size, t in c):
+                raise ValueError(f"all_reduce_curves[{ranks}] needs at least 2 points of (size_bytes, time_s) with "
+                                 "sizes from 1 to 1e15 bytes and times from 0 to 1000 s; measure again or drop it")
+            if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
+                raise ValueError(f"all_reduce_curves[{ranks}] sizes must increase strictly; sort the points and drop "
                                  "repeated sizes")
         return self
 

@@ -141,9 +141,9 @@ def _what_ifs(data: dict) -> list[str]:
         return []
     keys = list(table["sets"])
     lines = ["", "Not applied: each measured A100 set's mean absolute error (signed bias) were one of these so, the "
-             f"host block as fitted (`{table['command']}`), beside the model as it is. Each helps one set and hurts "
-             "another, which is why none is applied: each waits for a measurement, or a configuration of the "
-             "measured runs, that settles it.", "",
+             f"host block as fitted (`{table['command']}`), beside the model as it is. A row that helps one set and "
+             "hurts another names no mechanism: each waits for a measurement, or a configuration of the measured "
+             "runs, that settles it.", "",
              "| what if | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for name, per_set in {"the model as it is": table["sets"], **cases}.items():
         lines.append(f"| {name} | " + " | ".join(

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from simulator.cost import build_cost_model
 from simulator.cost.attention import attention_forward_flops
 from simulator.cost.gemm import gemm_efficiency
-from simulator.cost.profile import load_profile
+from simulator.cost.profile import default_profile, load_profile
 from simulator.graph.layers import GemmShape, Op, OpKind, transformer_layer
 from simulator.spec.catalog import load_model
 from simulator.spec.errors import ProfileError
@@ -43,16 +43,25 @@ def test_4096_cubed_bf16_lands_near_published_a100_efficiency():
 
 def test_a_device_held_at_its_power_limit_runs_its_gemms_at_the_measured_sustained_throughput():
     # He 2024: cuBLAS 8192^3 with normally distributed inputs, 257-258 of 312 TFLOPS held at 400 W. The
-    # profile keeps the benchmarks' bursts as its value and that measurement as the range's slow end;
+    # A100 profile takes that measurement as its value and the benchmarks' bursts as the range's fast end;
     # the clock slows tensor-core kernels only, not memory-bound ones.
     low, high = A100.ranges["sustained_clock_fraction"]
-    assert (A100.sustained_clock_fraction, high) == (1.0, 1.0)
-    held = build_cost_model(CLUSTER, A100.with_value("sustained_clock_fraction", low), Precision.bf16)
-    assert 257 / 312 <= held.gemm_efficiency(8192, 8192, 8192) <= 258 / 312
+    assert (A100.sustained_clock_fraction, high) == (low, 1.0)
+    assert 257 / 312 <= COST.gemm_efficiency(8192, 8192, 8192) <= 258 / 312
+    burst = build_cost_model(CLUSTER, A100.with_value("sustained_clock_fraction", high), Precision.bf16)
     gemm = Op("g", OpKind.gemm, gemm=GemmShape(8192, 8192, 8192))
     copy = Op("e", OpKind.elementwise, bytes_moved=1e9)
-    assert held.op_time_s(gemm) == pytest.approx(COST.op_time_s(gemm) / low, rel=1e-12)
-    assert held.op_time_s(copy) == COST.op_time_s(copy)
+    assert COST.op_time_s(gemm) == pytest.approx(burst.op_time_s(gemm) / low, rel=1e-12)
+    assert COST.op_time_s(copy) == burst.op_time_s(copy)
+
+
+def test_a_gpu_without_a_sustained_measurement_keeps_its_bursts_and_the_a100_ratio_as_its_slow_end():
+    # the ratio, not the A100's TFLOPS: an H100's block bursts three times higher
+    for gpu in ("H100-SXM5-80GB", "H200-SXM-141GB"):
+        profile = default_profile(gpu)
+        assert profile.sustained_clock_fraction == 1.0
+        assert profile.ranges["sustained_clock_fraction"] == pytest.approx((A100.sustained_clock_fraction, 1.0),
+                                                                          rel=1e-12)
 
 
 def test_wave_quantisation_penalises_one_tile_too_many():

@@ -86,6 +86,16 @@ def test_a_ramp_curve_out_of_order_is_a_profile_error(tmp_path, a100):
         _load_changed(tmp_path, a100, lambda d: d["collectives"]["nvlink"]["ramp_curve"].reverse())
 
 
+@pytest.mark.parametrize("change, phrase", [
+    (lambda d: d["collectives"]["nvlink"]["all_reduce_curves"]["8"].reverse(), "all_reduce_curves\\[8\\] sizes must"),
+    (lambda d: d["collectives"]["nvlink"]["all_reduce_curves"].update({"1": [[1, 1e-5], [2, 2e-5]]}), "for 1 ranks"),
+    (lambda d: d["collectives"]["nvlink"]["all_reduce_curves"]["2"][0].__setitem__(1, -1.0), "times from 0"),
+])
+def test_a_measured_all_reduce_curve_that_is_not_one_is_a_profile_error(tmp_path, a100, change, phrase):
+    with pytest.raises(ProfileError, match=phrase):
+        _load_changed(tmp_path, a100, change)
+
+
 def _set(path: str, value):
     def change(data):
         *parents, last = path.split(".")
