@@ -272,6 +272,15 @@ class AttentionParams(_Block):
     launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
 
 
+def _check_curve(name: str, curve, what: str, value_ok, value_range: str) -> None:
+    """Refuse a measured curve that is not at least two (size_bytes, value) points, sizes strictly increasing."""
+    if len(curve) < 2 or any(not (0 < size <= _SIZE["le"] and value_ok(v)) for size, v in curve):
+        raise ValueError(f"{name} needs at least 2 points of (size_bytes, {what}) with sizes from 1 to 1e15 bytes and "
+                         f"{value_range}; measure again or drop it")
+    if any(b[0] <= a[0] for a, b in zip(curve, curve[1:])):
+        raise ValueError(f"{name} sizes must increase strictly; sort the points and drop repeated sizes")
+
+
 class LinkParams(_Block):
     """One link class of NCCL collectives: busbw(S) = max_busbw_gbps * ramp(S).
 
@@ -330,42 +339,19 @@ class LinkParams(_Block):
     p2p_latency_s: float = Field(**_SECONDS)
 
     @model_validator(mode="after")
-    def _ramp_curve_is_a_curve(self) -> "LinkParams":
-        c = self.ramp_curve
-        if c is None:
-            return self
-        if len(c) < 2 or any(not (0 < size <= _SIZE["le"] and _FRACTION["ge"] <= frac <= 1) for size, frac in c):
-            raise ValueError("ramp_curve needs at least 2 points of (size_bytes, fraction) with sizes from 1 to 1e15 "
-                             "bytes and fractions of the maximum from 1e-6 to 1; measure again or drop ramp_curve")
-        if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
-            raise ValueError("ramp_curve sizes must increase strictly; sort the points and drop repeated sizes")
-        return self
-
-    @model_validator(mode="after")
-    def _kind_factors_are_curves(self) -> "LinkParams":
+    def _curves_are_curves(self) -> "LinkParams":
+        if self.ramp_curve is not None:
+            _check_curve("ramp_curve", self.ramp_curve, "fraction", lambda f: _FRACTION["ge"] <= f <= 1,
+                         "fractions of the maximum from 1e-6 to 1")
         for kind, c in (self.kind_factors or {}).items():
             if kind not in ("all_gather", "reduce_scatter", "all_to_all"):
                 raise ValueError(f"kind_factors has {kind!r}; use all_gather, reduce_scatter or all_to_all (the link "
                                  "itself is the all-reduce's)")
-            if len(c) < 2 or any(not (0 < size <= _SIZE["le"] and 0.01 <= f <= 100) for size, f in c):
-                raise ValueError(f"kind_factors[{kind!r}] needs at least 2 points of (size_bytes, factor) with sizes "
-                                 "from 1 to 1e15 bytes and factors from 0.01 to 100; measure again or drop it")
-            if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
-                raise ValueError(f"kind_factors[{kind!r}] sizes must increase strictly; sort the points and drop "
-                                 "repeated sizes")
-        return self
-
-    @model_validator(mode="after")
-    def _all_reduce_curves_are_curves(self) -> "LinkParams":
+            _check_curve(f"kind_factors[{kind!r}]", c, "factor", lambda f: 0.01 <= f <= 100, "factors from 0.01 to 100")
         for ranks, c in (self.all_reduce_curves or {}).items():
             if not 2 <= ranks <= 1024:
                 raise ValueError(f"all_reduce_curves has a curve for {ranks} ranks; a curve is for 2 to 1024 ranks")
-            if len(c) < 2 or any(not (0 < size <= _SIZE["le"] and 0 < t <= 1e3) for size, t in c):
-                raise ValueError(f"all_reduce_curves[{ranks}] needs at least 2 points of (size_bytes, time_s) with "
-                                 "sizes from 1 to 1e15 bytes and times from 0 to 1000 s; measure again or drop it")
-            if any(b[0] <= a[0] for a, b in zip(c, c[1:])):
-                raise ValueError(f"all_reduce_curves[{ranks}] sizes must increase strictly; sort the points and drop "
-                                 "repeated sizes")
+            _check_curve(f"all_reduce_curves[{ranks}]", c, "time_s", lambda t: 0 < t <= 1e3, "times from 0 to 1000 s")
         return self
 
     def kind_factor(self, kind: str, nbytes: float) -> float:
