@@ -15,6 +15,7 @@ and argues the value chosen.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import statistics
@@ -410,8 +411,6 @@ NCCL_CURVE_WINDOW = 0.03  # each kept size: the median of the measured sizes wit
 
 def vtrain_nccl_rows(path: Path) -> list[tuple[int, float]]:
     """(size_bytes, in-place time_s) of one of vTrain's nccl-tests all-reduce tables."""
-    import csv
-
     with path.open(newline="") as f:
         reader = csv.reader(f)
         header = next(reader)
