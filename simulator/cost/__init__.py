@@ -49,7 +49,6 @@ class CostModel:
         self.busy_neighbours = min(busy_neighbours, others)
         self.compute_scale = 1.0 + (profile.host_sharing_slowdown * self.busy_neighbours / others if others else 0.0)
         # a synchronous job of ``devices`` waits at each collective for its slowest device
-        self.devices = devices
         self.compute_scale *= 1.0 + profile.device_speed_spread * expected_max_of_normals(devices)
         self.overlap_compute_slowdown = profile.overlap_compute_slowdown
         # a step's ops one after another, not each alone (the optimizer's streaming kernels are timed as it runs them)
