@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
-from scipy.optimize import brentq
+import numpy as np
+from scipy.optimize import brentq, least_squares
 
 from simulator.cost.collectives import CollectiveModel, Group
-from simulator.cost.gemm import gemm_efficiency
+from simulator.cost.gemm import gemm_efficiency, gemm_time_s
 from simulator.cost.profile import (
     SCHEMA_VERSION,
     AttentionParams,
@@ -71,6 +73,18 @@ K_HALF_RANGE = (64.0, 256.0)
 K_HALF_SOURCE = ("not pinned by the published data (no k sweep was extracted from Anthony et al.): 128 elements, "
                  "about 4 k-steps of 32 for pipeline fill plus the epilogue that writes a tile of C; range 2-8 "
                  "k-steps")
+# The threadblock tiles of CUTLASS's SM80 f16/bf16 tensor-op GEMMs, among which cuBLAS-style heuristics pick one per
+# shape (NVIDIA/cutlass python/cutlass_library/generator.py, GenerateSM80_TensorOp_16816); Hopper's kernels offer the
+# same output tiles.
+TILE_CHOICES = ((256, 128), (128, 256), (256, 64), (64, 256), (128, 128), (128, 64), (64, 128), (64, 64))
+TILE_SOURCE = ("the output tiles of CUTLASS's SM80 f16/bf16 tensor-op GEMMs (NVIDIA/cutlass cutlass_library/"
+               "generator.py, GenerateSM80_TensorOp_16816): 256x128 down to 64x64; each GEMM takes the fastest, as "
+               "cuBLAS's heuristics pick a kernel per shape. tile_m x tile_n is the largest, kept for profiles "
+               "without a choice")
+XLA_MATMUL = HERE / "published" / "xla-matmul-h100" / "matmul_sm90.csv"
+XLA_GPU = "H100-SXM5-80GB"
+XLA_SOURCE = ("XLA's measured H100 matmul table (calibration/published/xla-matmul-h100/, 375 bf16 shapes, batch 1-4, "
+              "m, n, k 256-4096)")
 OVERLAP_SLOWDOWN = 0.10
 OVERLAP_RANGE = (0.07, 0.15)
 OVERLAP_SOURCE = ("not measured in the published data: NCCL runs one thread block per channel, and an NVLink ring "
@@ -138,12 +152,117 @@ def _gemm_point(shape: str, tflops: float, batch: int = 1, dtype: str = "bf16") 
     return (m, n, k, batch, dtype, 2.0 * m * n * k * batch / (tflops * 1e12))
 
 
-def _gemm(gpu: GpuSpec, rows: dict, tiles: tuple[int, int]) -> GemmParams:
+def xla_matmul_rows(path: Path = XLA_MATMUL) -> list[tuple[int, int, int, int, float]]:
+    """(m, n, k, batch, bf16 FLOP/s) of every shape of XLA's H100 matmul table."""
+    with path.open() as f:
+        rows = [(int(r["m"]), int(r["n"]), int(r["k"]), int(r["b"]), float(r["bf16_flops_per_s"]))
+                for r in csv.DictReader(f)]
+    if not rows or any(min(row) <= 0 for row in rows):
+        raise ValueError(f"{path} needs positive shapes and throughputs in every row; copy the table again")
+    return rows
+
+
+@functools.lru_cache(maxsize=1)
+def _xla_shape_terms() -> SimpleNamespace:
+    """k_half and the full-rate tile intensity fitted to XLA's H100 table, with their standard errors.
+
+    Fitted in log time, so every shape counts by its relative error. The table's harness takes 5-6 us for the
+    smallest shapes whatever their size; that floor is fitted as the launch overhead and dropped, and the maximum
+    efficiency is fitted and dropped too (MAMF's brute-force search sets each GPU's own).
+    """
+    m, n, k, b, flops_per_s = (np.array(col, dtype=float) for col in zip(*xla_matmul_rows()))
+    time_s = 2 * m * n * k * b / flops_per_s
+    gpu = load_gpu(XLA_GPU)
+    names = ("max_efficiency", "k_half", "full_rate_intensity_elements", "launch_overhead_s")
+    scale = np.array([1.0, 100.0, 100.0, 1e-6])
+
+    def log_ratio(x):
+        p = GemmParams.model_construct(**dict(zip(names, x * scale)), tile_m=TILE_CHOICES[0][0],
+                                       tile_n=TILE_CHOICES[0][1], tile_choices=TILE_CHOICES, misaligned_factor=1.0,
+                                       alignment_bytes=2, ceiling_efficiency=None)
+        return np.log(gemm_time_s(p, gpu.peak_tflops.bf16 * 1e12, gpu.sm_count, m, n, k, b) / time_s)
+
+    fit = least_squares(log_ratio, [0.85, 1.28, 0.5, 5.0], bounds=([0.05, 0, 0, 0], [1.0, 81.92, 100.0, 1000.0]),
+                        x_scale="jac", xtol=1e-13, ftol=1e-13, gtol=1e-13)
+    dof = len(time_s) - len(names)
+    stderr = np.sqrt(np.diag(np.linalg.inv(fit.jac.T @ fit.jac)) * np.sum(fit.fun ** 2) / dof) * scale
+    values = dict(zip(names, fit.x * scale))
+    points = tuple((float(a), float(c), float(d), float(e), 2.0, float(t)) for a, c, d, e, t in zip(m, n, k, b, time_s))
+    record = FitRecord(columns=("m", "n", "k", "batch", "dtype_bytes", "time_s"), points=points,
+                       residuals=tuple(float(r) for r in np.expm1(fit.fun)),
+                       note=(f"{XLA_SOURCE}: k_half and full_rate_intensity_elements kept; max_efficiency "
+                             f"{values['max_efficiency']:.3f} and the harness floor {values['launch_overhead_s'] * 1e6:.1f} "
+                             "us fitted beside them and dropped"))
+    return SimpleNamespace(k_half=values["k_half"], k_half_stderr=stderr[1],
+                           intensity=values["full_rate_intensity_elements"], intensity_stderr=stderr[2],
+                           balance=gpu.peak_tflops.bf16 / gpu.hbm_bandwidth_gbps,
+                           per_sm_tflops=gpu.peak_tflops.bf16 / gpu.sm_count, record=record)
+
+
+def _shape_terms(gpu: GpuSpec) -> tuple[dict, dict, dict]:
+    """(values, ranges, sources) of the GEMM block's shape terms for ``gpu``, from the XLA H100 fit.
+
+    A tile's fixed cost is taken as its epilogue writing C to memory, against a main loop that runs at the tensor
+    rate, so the reduction length that amortises it scales with the machine's balance, peak FLOP/s over memory
+    bandwidth (the FP8 block's rule); a latency or a number of pipeline steps would carry otherwise, and bound the
+    range. The full-rate intensity is carried in elements: a tile shape reuses its operands the same number of times
+    on any GPU.
+    """
+    xla = _xla_shape_terms()
+    ratio = gpu.peak_tflops.bf16 / gpu.hbm_bandwidth_gbps / xla.balance
+    k_half = xla.k_half * ratio
+    fitted = gpu.name == XLA_GPU
+    two_se_k, two_se_i = 2 * xla.k_half_stderr, 2 * xla.intensity_stderr
+    values = {"k_half": k_half, "full_rate_intensity_elements": xla.intensity, "tile_choices": TILE_CHOICES}
+    if fitted:
+        ranges = {"k_half": (k_half - two_se_k, k_half + two_se_k),
+                  "full_rate_intensity_elements": (xla.intensity - two_se_i, xla.intensity + two_se_i)}
+        sources = {
+            "k_half": f"fitted to {XLA_SOURCE}: {k_half:.0f} elements; range two standard errors of the fit",
+            "full_rate_intensity_elements": (f"fitted to {XLA_SOURCE}: {xla.intensity:.1f} elements (a 128x128 tile's "
+                                             "64 runs at full rate, a 64x64 tile's 32 does not); range two standard "
+                                             "errors of the fit"),
+        }
+    else:
+        per_sm = (gpu.peak_tflops.bf16 / gpu.sm_count) / xla.per_sm_tflops
+        carries = (k_half, xla.k_half * per_sm, xla.k_half)
+        ranges = {"k_half": (min(carries), max(carries)),
+                  "full_rate_intensity_elements": (xla.intensity / 2 if gpu.architecture == "ampere" else
+                                                   xla.intensity - two_se_i, xla.intensity + two_se_i)}
+        sources = {
+            "k_half": (f"not measured on this GPU: the H100 value fitted to {XLA_SOURCE}, {xla.k_half:.0f} elements, "
+                       f"times this GPU's balance over H100's (peak bf16 FLOP/s per byte/s of HBM, {ratio:.2f}): "
+                       f"{k_half:.0f}. Range {min(carries):.0f}-{max(carries):.0f}: the same fixed time per tile "
+                       f"(a latency) at this GPU's tensor rate per SM gives {carries[1]:.0f}, the same number of "
+                       f"pipeline steps (the H100 value unscaled) {carries[2]:.0f}"),
+            "full_rate_intensity_elements": (
+                f"not measured on this GPU: the H100 value fitted to {XLA_SOURCE}, {xla.intensity:.1f} elements"
+                + (". Range down to half: Hopper's tensor cores do twice Ampere's math per SM and clock from shared "
+                   "memory of the same width, so an Ampere tile may need half the reuse" if gpu.architecture == "ampere"
+                   else "; range two standard errors of the fit")),
+        }
+    sources["tile_choices"] = TILE_SOURCE
+    return values, ranges, sources
+
+
+def _gemm(gpu: GpuSpec, rows: dict, tiles: tuple[int, int], tile_choice: bool | None = None) -> GemmParams:
+    """The bf16 GEMM block. ``tile_choice`` (default: Hopper only) gives each GEMM the fastest of CUTLASS's tiles with
+    the shape terms of the XLA H100 fit; without it, one tile in strict waves.
+
+    The A100 keeps one tile: carried there, the H100 form made the single-node set and Korthikanti's rows better and
+    the multi-node set worse (more optimistic at TP 4-8), and left the host block's leave-one-set-out fit for the
+    single-node set far off; no A100 shape sweep is published to settle it (``python -m calibration.residuals``
+    shows the sets with it)."""
     peak = gpu.peak_tflops.bf16 * 1e12
-    common = {"tile_m": tiles[0], "tile_n": tiles[1], "k_half": K_HALF, "launch_overhead_s": LAUNCH_OVERHEAD_S}
-    tile_source = (f"not pinned (one best shape per GPU): {tiles[0]}x{tiles[1]}, the largest tensor-core tile of "
-                   f"cuBLAS/CUTLASS bf16 kernels; waves over sm_count={gpu.sm_count} SMs follow Anthony et al. 2024 "
-                   f"({MD} section 3d)")
+    if tile_choice if tile_choice is not None else gpu.architecture != "ampere":
+        shape_values, shape_ranges, shape_sources = _shape_terms(gpu)
+        tile_source = TILE_SOURCE
+    else:
+        shape_values, shape_ranges, shape_sources = {"k_half": K_HALF}, {"k_half": K_HALF_RANGE}, {"k_half": K_HALF_SOURCE}
+        tile_source = (f"not pinned (one best shape per GPU): {tiles[0]}x{tiles[1]}, the largest tensor-core tile of "
+                       f"cuBLAS/CUTLASS bf16 kernels; waves over sm_count={gpu.sm_count} SMs follow Anthony et al. "
+                       f"2024 ({MD} section 3d)")
+    common = {"tile_m": tiles[0], "tile_n": tiles[1], "launch_overhead_s": LAUNCH_OVERHEAD_S, **shape_values}
     if gpu.architecture == "ampere":
         mamf = rows["mamf_a100_bf16"]  # the SXM row (the PCIe row has the same id)
         misaligned = {"misaligned_factor": 1 / 1.39, "alignment_bytes": 128}
@@ -166,12 +285,12 @@ def _gemm(gpu: GpuSpec, rows: dict, tiles: tuple[int, int]) -> GemmParams:
                       "the H100 value is used for H200 (same SM90 tensor cores)")
         align_source = ("fitted among 16/32/64/128 bytes: d_ff=10848 (64-byte multiple, not 128) runs at full speed, so "
                         "the largest alignment the H100 data allows is 64 bytes")
-        fits = [shape_fit.record]
+        fits = [shape_fit.record] + ([_xla_shape_terms().record] if gpu.name == XLA_GPU else [])
     best = fit_gemm([_gemm_point(mamf["best_shape_MxNxK"], mamf["value"])], peak, gpu.sm_count,
                     fixed={**common, **misaligned},
                     note=f"MAMF best shape, {mamf['hardware']} {mamf['dtype']} {mamf['value']} TFLOPS")
     params = {**best.params, "ceiling_efficiency": mamf["value"] / gpu.peak_tflops.bf16}
-    ranges = {"k_half": K_HALF_RANGE, "launch_overhead_s": LAUNCH_RANGE}
+    ranges = {**shape_ranges, "launch_overhead_s": LAUNCH_RANGE}
     if gpu.architecture == "ampere":  # "up to 39%": anything from that slowdown to none
         ranges["misaligned_factor"] = (params["misaligned_factor"], 1.0)
     return GemmParams(
@@ -182,8 +301,7 @@ def _gemm(gpu: GpuSpec, rows: dict, tiles: tuple[int, int]) -> GemmParams:
             "max_efficiency": (f"fitted to the MAMF maximum achievable {mamf['value']} TFLOPS at "
                                f"{mamf['best_shape_MxNxK']} on {mamf['hardware']} ({MD} section 3d), after its wave "
                                "and k terms"),
-            "tile_m": tile_source, "tile_n": tile_source,
-            "k_half": K_HALF_SOURCE,
+            "tile_m": tile_source, "tile_n": tile_source, **shape_sources,
             "misaligned_factor": mis_source,
             "alignment_bytes": align_source,
             "launch_overhead_s": LAUNCH_SOURCE,
@@ -200,11 +318,12 @@ def _gemm_fp8(gpu: GpuSpec, rows: dict, bf16: GemmParams) -> GemmParams | None:
     peak = gpu.peak_tflops.fp8
     # Alignment is a count of elements, so it carries over from bf16 with the bytes halved; the main
     # loop runs twice as fast per k-step while the epilogue still writes bf16, so it takes twice the
-    # reduction length to amortise. The tile is not bf16's: with 128x256 tiles the MAMF best shapes
-    # would leave 27% (H100) and 39% (H200) of their last wave empty, which a brute-force search
-    # for the best shape would not have picked.
-    common = {"k_half": 2 * K_HALF, "launch_overhead_s": LAUNCH_OVERHEAD_S,
-              "misaligned_factor": bf16.misaligned_factor, "alignment_bytes": bf16.alignment_bytes // 2}
+    # reduction length to amortise. The tiles to choose among are bf16's, each with the same reuse in
+    # elements (half the operand bytes per element, twice the math per second).
+    common = {"k_half": 2 * bf16.k_half, "launch_overhead_s": LAUNCH_OVERHEAD_S,
+              "misaligned_factor": bf16.misaligned_factor, "alignment_bytes": bf16.alignment_bytes // 2,
+              "tile_m": bf16.tile_m, "tile_n": bf16.tile_n, "tile_choices": bf16.tile_choices,
+              "full_rate_intensity_elements": bf16.full_rate_intensity_elements}
     m, n, k = (int(x) for x in mamf["best_shape_MxNxK"].split("x"))
     point = (m, n, k, 1, 1, 2.0 * m * n * k / (mamf["value"] * 1e12))
     best = fit_gemm([point], peak * 1e12, gpu.sm_count, fixed=common,
@@ -212,18 +331,19 @@ def _gemm_fp8(gpu: GpuSpec, rows: dict, bf16: GemmParams) -> GemmParams | None:
     not_published = "no FP8 shape sweep was published (only the MAMF maximum)"
     return GemmParams(
         **best.params, ceiling_efficiency=mamf["value"] / peak,
-        ranges={"k_half": (2 * K_HALF_RANGE[0], 2 * K_HALF_RANGE[1]), "launch_overhead_s": LAUNCH_RANGE},
+        ranges={"k_half": (2 * bf16.ranges["k_half"][0], 2 * bf16.ranges["k_half"][1]),
+                "full_rate_intensity_elements": bf16.ranges["full_rate_intensity_elements"],
+                "launch_overhead_s": LAUNCH_RANGE},
         sources={
             "ceiling_efficiency": (f"MAMF {mamf['dtype']} {mamf['value']} / {peak} TFLOPS = "
                                    f"{mamf['efficiency_pct']}%: the best of a brute-force search over shapes on "
                                    f"{mamf['hardware']} ({MD} section 3d)"),
             "max_efficiency": (f"fitted to the MAMF maximum achievable {mamf['value']} TFLOPS at "
-                               f"{mamf['best_shape_MxNxK']} on {mamf['hardware']} ({MD} section 3d), after its wave "
-                               "and k terms"),
-            **dict.fromkeys(("tile_m", "tile_n"), (
-                f"fitted among 64/128/256 ({not_published}): the MAMF best shape is explained with max_efficiency "
-                "<= 1 by several tiles and the first of them is kept; bf16's 128x256 would leave a quarter or more "
-                "of the best shape's last wave of SMs idle, which a brute-force search would not have picked")),
+                               f"{mamf['best_shape_MxNxK']} on {mamf['hardware']} ({MD} section 3d), after its tile, "
+                               "wave and k terms"),
+            **dict.fromkeys(("tile_m", "tile_n", "tile_choices"), f"{not_published}: bf16's ({TILE_SOURCE})"),
+            "full_rate_intensity_elements": (f"{not_published}: bf16's, in elements: an FP8 tile moves half the "
+                                             "operand bytes per element at twice the math rate"),
             "k_half": (f"{not_published}: twice the bf16 value, since an FP8 k-step takes half the time while the "
                        "bf16 epilogue does not"),
             "misaligned_factor": f"{not_published}: the bf16 value",
@@ -568,6 +688,13 @@ GPUS = {  # GPU spec name -> (NIC line rate GB/s per NIC of its DGX, GEMM tile)
     "H100-SXM5-80GB": (50.0, (128, 256)),
     "H200-SXM-141GB": (50.0, (128, 256)),
 }
+
+
+def gemm_block(gpu_name: str, tile_choice: bool | None = None) -> GemmParams:
+    """The GPU's published bf16 GEMM block, or with ``tile_choice`` set the block with or without the choice of
+    tiles (what ``python -m calibration.residuals`` weighs)."""
+    gpu = load_gpu(gpu_name)
+    return _gemm(gpu, _measured(), GPUS[gpu.name][1], tile_choice)
 
 
 def build_profile(gpu_name: str, host: bool = True) -> HardwareProfile:

@@ -50,6 +50,7 @@ READERS: list[tuple[str, Callable[[Path], Any]]] = [
     ("calibration/published/vtrain-single-node/*.csv", lambda p: [vtrain_job(*row[:10]) for row in _vtrain_rows()[:3]]),
     ("calibration/published/vtrain-multi-node-dev/*.csv", _data_set("vtrain-multi-node-dev")),
     ("calibration/published/vtrain-nccl-a100/*.csv", lambda p: _nccl_table(p)),
+    ("calibration/published/xla-matmul-h100/*.csv", lambda p: _xla_table(p)),
     ("calibration/published/model_error_band.json", lambda p: _band_file()),
     ("calibration/published/host_overhead_loso.json", lambda p: _host_left_out(p)),
     ("calibration/published/residuals.json", lambda p: _residuals(p)),
@@ -65,6 +66,14 @@ def _nccl_table(path: Path) -> Any:
 
     rows = vtrain_nccl_rows(path)
     assert rows and all(size > 0 and t > 0 for size, t in rows)
+    return rows
+
+
+def _xla_table(path: Path) -> Any:
+    from calibration.build_published_profiles import xla_matmul_rows
+
+    rows = xla_matmul_rows(path)
+    assert len({row[:4] for row in rows}) == len(rows) == 375  # the full grid, each shape once
     return rows
 
 

@@ -205,6 +205,7 @@ WRONG_TYPES = [
     ("run record", ("plan", "sequence_parallel"), 0, "true or false"),
     ("run record", ("iteration_times_s",), ["0.5"] * 8, "a number"),
     ("profile", ("gemm", "tile_m"), "128", "a whole number"),
+    ("profile", ("gemm", "tile_choices"), [["128", 64]], "a whole number"),
     ("profile", ("gemm", "max_efficiency"), True, "a number"),
     ("profile", ("overlap_compute_slowdown",), "0.1", "a number"),
 ]

@@ -6,6 +6,12 @@ SMs idle in its last wave. Each tile pays a fixed prologue/epilogue (pipeline fi
 that a long reduction dimension k amortises: hence k / (k + k_half). Tensor cores need every
 dimension to be a multiple of ``alignment_bytes`` (128 bytes on A100, Anthony et al. 2024);
 otherwise cuBLAS falls back to slower kernels.
+
+cuBLAS does not run one tile for every shape: its heuristics pick among kernels, and a shape whose
+output has fewer large tiles than SMs runs smaller ones. A profile that lists ``tile_choices``
+gives each GEMM the fastest of them, each paying for the tiles it pads (tile quantisation), the
+waves it leaves part-empty, and, below ``full_rate_intensity_elements``, the operand traffic a
+small tile needs per flop.
 """
 
 from __future__ import annotations
@@ -19,6 +25,17 @@ def wave_efficiency(m, n, batch, tile_m: int, tile_n: int, sm_count: int):
     """Fraction of SM-slots busy over the waves of thread blocks (works on numpy arrays)."""
     tiles = np.ceil(np.asarray(m) / tile_m) * np.ceil(np.asarray(n) / tile_n) * np.asarray(batch)
     return tiles / (np.ceil(tiles / sm_count) * sm_count)
+
+
+def _tile_efficiency(m, n, batch, tile_m: int, tile_n: int, sm_count: int, full_rate_intensity: float | None):
+    """Useful share of the SM-time one tile shape spends on a GEMM: its padded tiles over whole waves, times the
+    main loop's rate, which falls below full where the tile reuses each operand too few times."""
+    m, n, batch = np.asarray(m, dtype=float), np.asarray(n, dtype=float), np.asarray(batch, dtype=float)
+    tiles = np.ceil(m / tile_m) * np.ceil(n / tile_n) * batch
+    fill = m * n * batch / (np.ceil(tiles / sm_count) * sm_count * tile_m * tile_n)
+    intensity = tile_m * tile_n / (tile_m + tile_n)
+    reuse = 1.0 if not full_rate_intensity else min(1.0, intensity / full_rate_intensity)
+    return fill * reuse
 
 
 def is_misaligned(m, n, k, dtype_bytes: int, alignment_bytes: int):
@@ -41,7 +58,12 @@ def gemm_efficiency(p: GemmParams, sm_count: int, m, n, k, batch=1, dtype_bytes:
     # as much and needs that much more k to amortise.
     out_bytes = output_dtype_bytes if output_dtype_bytes is not None else dtype_bytes
     k_half = p.k_half * (2 * accumulate_bytes / out_bytes if accumulate_bytes else 1.0)
-    eff = p.max_efficiency * wave_efficiency(m, n, batch, p.tile_m, p.tile_n, sm_count) * k / (k + k_half)
+    if p.tile_choices is None:
+        shape = wave_efficiency(m, n, batch, p.tile_m, p.tile_n, sm_count)
+    else:
+        shape = np.maximum.reduce([_tile_efficiency(m, n, batch, tm, tn, sm_count, p.full_rate_intensity_elements)
+                                   for tm, tn in p.tile_choices])
+    eff = p.max_efficiency * shape * k / (k + k_half)
     if p.ceiling_efficiency is not None:
         # The formula's terms are fitted at a few shapes; no shape may beat the best one a
         # brute-force search over shapes found on the real device.

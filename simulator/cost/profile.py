@@ -155,6 +155,12 @@ class GemmParams(_Block):
 
     eff = max_efficiency * wave_eff(m, n, batch) * k / (k + k_half) * (misaligned_factor if misaligned),
     wave_eff = tiles / (ceil(tiles / sm_count) * sm_count), tiles = ceil(m/tile_m) * ceil(n/tile_n) * batch.
+
+    With ``tile_choices`` the GEMM runs at the fastest of those output tiles, as cuBLAS's heuristics pick one per
+    shape: each tile's efficiency is max_efficiency * reuse * fill * k / (k + k_half), where fill is the share of the
+    waves' SM-slots doing useful work (a partial tile costs a whole one) and reuse = min(1, intensity /
+    full_rate_intensity_elements), intensity = tile_m * tile_n / (tile_m + tile_n): a small tile fetches more operand
+    bytes per flop than shared memory feeds at full rate.
     """
 
     max_efficiency: float = Field(description="Fraction of the dense tensor peak the best shapes reach.", **_FRACTION)
@@ -168,6 +174,13 @@ class GemmParams(_Block):
         gt=0, le=65536, description="Tensor-core alignment of each dimension, bytes (Anthony et al. 2024)."
     )
     launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
+    tile_choices: tuple[tuple[int, int], ...] | None = Field(
+        None, min_length=1, description="Output tiles (tile_m, tile_n) the library chooses among per shape; each GEMM "
+                                        "takes the fastest. None: every GEMM runs tile_m x tile_n.")
+    full_rate_intensity_elements: float | None = Field(
+        None, **_SIZE, description="Tile intensity tile_m * tile_n / (tile_m + tile_n), elements, from which a tile's "
+                                   "main loop runs at max_efficiency; smaller tiles run proportionally slower. Only "
+                                   "read with tile_choices; None: every tile at full rate.")
     ceiling_efficiency: float | None = Field(
         None, **_FRACTION,
         description="Best efficiency any shape reaches (a brute-force shape search's maximum); caps the formula.",
@@ -175,6 +188,13 @@ class GemmParams(_Block):
     measured: tuple[tuple[int, int, int, int, int, float], ...] | None = Field(
         None, description="The layer's own GEMMs as timed, (m, n, k, batch, dtype_bytes, time_s): the cost model "
                           "gives these shapes their measured time and the fitted form every other shape.")
+
+    @model_validator(mode="after")
+    def _tiles_are_tiles(self) -> "GemmParams":
+        if any(not 1 <= t <= 65536 for tile in self.tile_choices or () for t in tile):
+            raise ValueError(f"tile_choices {self.tile_choices} need tile sizes from 1 to 65536 elements; give "
+                             "(tile_m, tile_n) pairs such as (128, 256)")
+        return self
 
     @model_validator(mode="after")
     def _measured_shapes_are_shapes(self) -> "GemmParams":

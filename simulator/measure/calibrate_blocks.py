@@ -24,6 +24,7 @@ from simulator.cost.profile import (
     GemmParams,
     HardwareProfile,
     LinkParams,
+    default_profile,
 )
 from simulator.measure.fitting import (
     DTYPE_BYTES,
@@ -93,7 +94,7 @@ def _fit_gemm(raw: dict, gpu: GpuSpec, cpu: bool) -> tuple[GemmParams, BlockErro
         raise ProfileError(f"only {len(train)} GEMM points outside the held-out set; measure more shapes")
     pts = [(r["m"], r["n"], r["k"], r["batch"], dtype, r["time_s"]) for r in train]
     # a CPU core runs one tile at a time: no waves to quantise, so the tile size is moot
-    fixed = {"tile_m": 64, "tile_n": 64} if cpu else {}
+    fixed = {"tile_m": 64, "tile_n": 64} if cpu else _published_tiles(gpu)
     fit = fit_gemm(pts, peak, gpu.sm_count, fixed=fixed, note=f"measured {dtype} torch.mm/bmm, median times")
     params = {k: v for k, v in fit.params.items()}
     held = []
@@ -112,12 +113,29 @@ def _fit_gemm(raw: dict, gpu: GpuSpec, cpu: bool) -> tuple[GemmParams, BlockErro
     sources = {k: src for k in params}
     if cpu:
         sources["tile_m"] = sources["tile_n"] = "fixed: a CPU core (sm_count 1) has no waves, the tile size does not matter"
+    elif "tile_choices" in fixed:
+        for name in ("tile_m", "tile_n", "tile_choices", "full_rate_intensity_elements"):
+            sources[name] = (f"from the published {gpu.name} profile: the tiles cuBLAS picks among and the reuse they "
+                             "need, which a few dozen timed shapes do not pin")
     measured = _layer_gemm_table(rows, DTYPE_BYTES[dtype])
     if measured:
         sources["measured"] = (f"the {len(measured)} GEMM shapes of the measured layer (its forward, dgrad and wgrad), "
                                "each its median time; held-out ones included, as the fit's test stays the fit's")
     block = GemmParams(**params, measured=measured or None, sources=sources, fits=tuple(fits))
     return block, _error("gemm", fit.residuals), held
+
+
+def _published_tiles(gpu: GpuSpec) -> dict:
+    """The published profile's choice of tiles for ``gpu``, held fixed in a fit to its measured GEMMs; {} where none
+    is published (the fit then finds one tile)."""
+    try:
+        published = default_profile(gpu.name).gemm
+    except ProfileError:
+        return {}
+    if published.tile_choices is None:
+        return {}
+    return {"tile_m": published.tile_m, "tile_n": published.tile_n, "tile_choices": published.tile_choices,
+            "full_rate_intensity_elements": published.full_rate_intensity_elements}
 
 
 def _layer_gemm_table(rows: list[dict], dtype_bytes: int) -> tuple[tuple[int, int, int, int, int, float], ...]:

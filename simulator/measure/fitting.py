@@ -114,7 +114,8 @@ def fit_gemm(points: Sequence[Sequence], peak_flops: float, sm_count: int, *, fi
         if best is None or cost < best[0] * (1 - 1e-9) - 1e-15:
             best = (cost, {**fixed, **x, "tile_m": tm, "tile_n": tn, "alignment_bytes": al}, residuals(x))
     _, params, res = best
-    params = {k_: (int(v) if k_ in ("tile_m", "tile_n", "alignment_bytes") else float(v)) for k_, v in params.items()}
+    params = {k_: (int(v) if k_ in ("tile_m", "tile_n", "alignment_bytes") else
+                   v if v is None or isinstance(v, tuple) else float(v)) for k_, v in params.items()}
     record = FitRecord(columns=("m", "n", "k", "batch", "dtype_bytes", "time_s"),
                        points=tuple((float(a), float(b), float(c), float(d), float(db), float(e))
                                     for a, b, c, d, e in zip(m, n, k, batch, t)),

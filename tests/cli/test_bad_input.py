@@ -259,6 +259,9 @@ def _profile_with(tmp_path, change) -> str:
     (lambda d: d["collectives"]["nvlink"].update(half_size_bytes=-5.0), "half_size_bytes"),
     (lambda d: d["elementwise"].update(kernel_fractions={"layer_norm": -0.5}), "kernel_fractions"),
     (lambda d: d["gemm"].update(tile_m=1e300), "tile_m"),
+    (lambda d: d["gemm"].update(tile_choices=[[0, 128]]), "tile_choices"),
+    (lambda d: d["gemm"].update(tile_choices=[]), "tile_choices"),
+    (lambda d: d["gemm"].update(full_rate_intensity_elements=-1.0), "full_rate_intensity_elements"),
     (lambda d: d["collectives"]["nvlink"]["ramp_curve"].__setitem__(0, [32768.0, 5.0]), "ramp_curve"),
 ])
 def test_corrupt_profile_numbers_are_refused(tmp_path, change, needle):

@@ -64,24 +64,77 @@ def test_a_gpu_without_a_sustained_measurement_keeps_its_bursts_and_the_a100_rat
                                                                           rel=1e-12)
 
 
-def test_h100_gemms_that_fill_the_machine_run_at_the_throughput_xla_measured():
-    """XLA's measured H100 matmul table (hardware.json, 31 bf16 entries): where the output fills the SMs many
-    times over (batch x m x n >= 8M) and the reduction is long (k >= 2048), the H100 block gives the measured
-    throughput within 5%. Shorter reductions (the unpinned k_half) and outputs of fewer tiles than SMs (cuBLAS
-    splits k, the block does not) are where it misses, and are left out here."""
-    import json
+def _xla_h100_table():
+    """XLA's measured H100 bf16 matmul table: (batch, m, n, k, time_s) of its 375 shapes."""
+    import csv
     from importlib import resources
 
-    rows = next(r for r in json.loads((resources.files("calibration") / "published" / "hardware.json").read_text())
-                ["measured"] if r["id"] == "xla_h100_bf16_matmul_shapes")["table"]
-    h100 = build_cost_model(load_cluster("dgx-h100"), default_profile("H100-SXM5-80GB"), Precision.bf16)
-    filled = [(b, m, n, k, tflops) for b, m, n, k, tflops in rows if b * m * n >= 8 * 2**20 and k >= 2048]
-    assert len(filled) >= 8
-    for b, m, n, k, tflops in filled:
-        shape = GemmShape(m, n, k, b)
-        op = Op("g", OpKind.batched_gemm if b > 1 else OpKind.gemm, gemm=shape)
-        modelled_tflops = 2 * b * m * n * k / h100.op_time_s(op) / 1e12
-        assert modelled_tflops == pytest.approx(tflops, rel=0.05), (b, m, n, k)
+    path = resources.files("calibration") / "published" / "xla-matmul-h100" / "matmul_sm90.csv"
+    rows = csv.DictReader(path.read_text().splitlines())
+    return [(int(r["b"]), int(r["m"]), int(r["n"]), int(r["k"]),
+             2 * int(r["b"]) * int(r["m"]) * int(r["n"]) * int(r["k"]) / float(r["bf16_flops_per_s"])) for r in rows]
+
+
+H100 = build_cost_model(load_cluster("dgx-h100"), default_profile("H100-SXM5-80GB"), Precision.bf16)
+
+
+def _h100_time_s(b, m, n, k):
+    return H100.op_time_s(Op("g", OpKind.batched_gemm if b > 1 else OpKind.gemm, gemm=GemmShape(m, n, k, b)))
+
+
+def test_h100_gemms_that_fill_the_machine_run_at_the_throughput_xla_measured():
+    """Where the output fills the SMs many times over (batch x m x n >= 8M) and the reduction is long
+    (k >= 2048), the H100 block gives XLA's measured time within 5%."""
+    filled = [row for row in _xla_h100_table() if row[0] * row[1] * row[2] >= 8 * 2**20 and row[3] >= 2048]
+    assert len(filled) >= 30
+    for b, m, n, k, time_s in filled:
+        assert _h100_time_s(b, m, n, k) == pytest.approx(time_s, rel=0.05), (b, m, n, k)
+
+
+def test_h100_gemms_of_every_shape_the_table_times_well_above_its_floor_run_at_the_measured_speed():
+    """Shapes XLA timed at 50 us or more (its harness takes 5-6 us for the smallest, a floor the block
+    leaves out) include outputs of fewer large tiles than SMs and reductions of 256: cuBLAS picks a
+    smaller tile for those, and so does the block. Together they are given within 4% on average."""
+    slow = [row for row in _xla_h100_table() if row[4] >= 50e-6]
+    assert len(slow) >= 40
+    errors = [abs(_h100_time_s(b, m, n, k) / time_s - 1) for b, m, n, k, time_s in slow]
+    assert sum(errors) / len(errors) <= 0.04
+    assert max(errors) <= 0.20
+
+
+def test_an_output_of_fewer_large_tiles_than_sms_runs_smaller_tiles():
+    # 2048 x 512 x 2048 on H100 makes 32 tiles of 128 x 256 for 132 SMs: one tile shape in strict waves
+    # leaves three quarters of the machine idle. XLA timed it at 12.3 us (347.7 TFLOPS), 5-6 us of which
+    # is its harness's floor: more than the block's time on its chosen tile, well under one tile's.
+    one_tile = H100.profile.gemm.model_copy(update={"tile_choices": None})
+    flops = 2 * 2048 * 512 * 2048
+    single_s = flops / (float(gemm_efficiency(one_tile, 132, 2048, 512, 2048)) * 989.4e12)
+    chosen_s = _h100_time_s(1, 2048, 512, 2048)
+    measured_s = flops / 347.7e12
+    assert chosen_s < 0.6 * single_s
+    assert chosen_s < measured_s < single_s
+
+
+_DIM = st.integers(1, 96).map(lambda x: 64 * x)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_DIM, _DIM, _DIM, st.integers(1, 8), st.sampled_from(["m", "n", "k", "batch"]), st.integers(1, 40))
+def test_a_gemm_never_takes_less_time_when_any_dimension_grows(m, n, k, batch, grown, by):
+    # with the tile chosen per shape: every tile's padded waves only grow with the output, and its time
+    # per tile with k, so the fastest of them does too
+    shape = {"m": m, "n": n, "k": k, "batch": batch}
+    bigger = {**shape, grown: shape[grown] + (by if grown == "batch" else 64 * by)}
+    t = H100.op_time_s(Op("g", OpKind.batched_gemm, gemm=GemmShape(**shape)))
+    assert H100.op_time_s(Op("g", OpKind.batched_gemm, gemm=GemmShape(**bigger))) >= t * (1 - 1e-12)
+
+
+@pytest.mark.xfail(strict=True, reason="one tile in strict waves (the A100 block) counts a partial tile as whole work "
+                                       "done; padding it without a choice of tile would make n < 128 GEMMs (the "
+                                       "attention of 64-wide heads) pay for a tile cuBLAS does not run")
+def test_with_one_tile_a_bigger_gemm_never_takes_less_time():
+    small = COST.op_time_s(Op("g", OpKind.gemm, gemm=GemmShape(256, 64, 64)))
+    assert COST.op_time_s(Op("g", OpKind.gemm, gemm=GemmShape(320, 64, 64))) >= small
 
 
 def test_wave_quantisation_penalises_one_tile_too_many():

@@ -115,7 +115,7 @@ def _set(path: str, value):
     ("ranges.overlap_compute_slowdown", [0.07, 1.5], "ranges.overlap_compute_slowdown reaches 1.5"),
     ("collectives.nvlink.ranges.p2p_bandwidth_gbps", [0.0, 264.0], "p2p_bandwidth_gbps reaches 0"),
     # a range that leaves its value out
-    ("gemm.ranges.k_half", [200.0, 256.0], "gemm.k_half=128.0 lies outside its range"),
+    ("gemm.ranges.k_half", [200.0, 256.0], "lies outside its range [200.0, 256.0]"),
     # a value the range no longer limits is bounded itself
     ("host.collective_s", 1e308, "host.collective_s"),
     # a fit point is a measurement: finite, a bandwidth or a time positive
