@@ -164,6 +164,7 @@ def cluster_dicts(draw) -> dict:
 
 PUBLISHED = {p.stem: json.loads(p.read_text()) for p in sorted((REPO / "calibration" / "profiles").glob("*.json"))}
 PROFILE_PATHS = [("gemm", "max_efficiency"), ("gemm", "launch_overhead_s"), ("gemm", "tile_m"), ("gemm", "k_half"),
+                 ("gemm", "tile_choices"), ("gemm", "full_rate_intensity_elements"),
                  ("elementwise", "achieved_fraction"), ("elementwise", "kernel_fractions"),
                  ("attention", "forward_efficiency"), ("attention", "seq_half"),
                  ("collectives", "nvlink", "max_busbw_gbps"), ("collectives", "network", "latency_s"),
