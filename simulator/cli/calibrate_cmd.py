@@ -38,7 +38,9 @@ def render(result, out: Path) -> str:
     g = p.gemm
     lines += ["", f"GEMM model: max efficiency {g.max_efficiency:.3f}, k_half {g.k_half:.0f}, "
               f"alignment {g.alignment_bytes} B (misaligned x{g.misaligned_factor:.2f}), "
-              f"launch {g.launch_overhead_s * 1e6:.1f} us"]
+              f"launch {g.launch_overhead_s * 1e6:.1f} us"
+              + (f", tiles chosen among {len(g.tile_choices)} (full rate from intensity "
+                 f"{g.full_rate_intensity_elements:.0f})" if g.tile_choices and g.full_rate_intensity_elements else "")]
     link = p.collectives.network if d.kind == "cpu" else p.collectives.nvlink
     lines.append(f"link: latency {link.latency_s * 1e6:.0f} us per step, {link.max_busbw_gbps:.3g} GB/s bus bandwidth, "
                  f"half-size {link.half_size_bytes:,.0f} B, ramp exponent {link.ramp_exponent:.2f}")

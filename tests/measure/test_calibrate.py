@@ -324,6 +324,7 @@ def test_cli_fits_raw_points_and_reports_held_out(tmp_path):
     res = CliRunner().invoke(cli, ["calibrate", "--raw", str(raw), "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "held-out GEMMs" in res.output and "rms error" in res.output
+    assert "tiles chosen among 8" in res.output  # H200: the published choice of tiles, held in the fit
     assert load_profile(out).source == "measured"
     res = CliRunner().invoke(cli, ["calibrate", "--raw", str(raw), "--out", str(out), "--json"])
     doc = json.loads(res.output)
