@@ -108,7 +108,7 @@ def test_an_output_of_fewer_large_tiles_than_sms_runs_smaller_tiles():
     # is its harness's floor: more than the block's time on its chosen tile, well under one tile's.
     one_tile = H100.profile.gemm.model_copy(update={"tile_choices": None})
     flops = 2 * 2048 * 512 * 2048
-    single_s = flops / (float(gemm_efficiency(one_tile, 132, 2048, 512, 2048)) * 989.4e12)
+    single_s = flops / (float(gemm_efficiency(one_tile, H100.cluster.gpu.sm_count, 2048, 512, 2048)) * H100.peak_flops)
     chosen_s = _h100_time_s(1, 2048, 512, 2048)
     measured_s = flops / 347.7e12
     assert chosen_s < 0.6 * single_s
