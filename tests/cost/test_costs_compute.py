@@ -66,13 +66,9 @@ def test_a_gpu_without_a_sustained_measurement_keeps_its_bursts_and_the_a100_rat
 
 def _xla_h100_table():
     """XLA's measured H100 bf16 matmul table: (batch, m, n, k, time_s) of its 375 shapes."""
-    import csv
-    from importlib import resources
+    from calibration.build_published_profiles import xla_matmul_rows
 
-    path = resources.files("calibration") / "published" / "xla-matmul-h100" / "matmul_sm90.csv"
-    rows = csv.DictReader(path.read_text().splitlines())
-    return [(int(r["b"]), int(r["m"]), int(r["n"]), int(r["k"]),
-             2 * int(r["b"]) * int(r["m"]) * int(r["n"]) * int(r["k"]) / float(r["bf16_flops_per_s"])) for r in rows]
+    return [(b, m, n, k, 2 * b * m * n * k / flops_per_s) for m, n, k, b, flops_per_s in xla_matmul_rows()]
 
 
 H100 = build_cost_model(load_cluster("dgx-h100"), default_profile("H100-SXM5-80GB"), Precision.bf16)
@@ -106,11 +102,11 @@ def test_an_output_of_fewer_large_tiles_than_sms_runs_smaller_tiles():
     # 2048 x 512 x 2048 on H100 makes 32 tiles of 128 x 256 for 132 SMs: one tile shape in strict waves
     # leaves three quarters of the machine idle. XLA timed it at 12.3 us (347.7 TFLOPS), 5-6 us of which
     # is its harness's floor: more than the block's time on its chosen tile, well under one tile's.
+    measured_s = next(t for b, m, n, k, t in _xla_h100_table() if (b, m, n, k) == (1, 2048, 512, 2048))
     one_tile = H100.profile.gemm.model_copy(update={"tile_choices": None})
     flops = 2 * 2048 * 512 * 2048
     single_s = flops / (float(gemm_efficiency(one_tile, H100.cluster.gpu.sm_count, 2048, 512, 2048)) * H100.peak_flops)
     chosen_s = _h100_time_s(1, 2048, 512, 2048)
-    measured_s = flops / 347.7e12
     assert chosen_s < 0.6 * single_s
     assert chosen_s < measured_s < single_s
 
