@@ -14,6 +14,14 @@ scales with. This prints, from the published A100 profile and the development se
   loop; one that follows the micro-batch points at compute. And the error by the number of
   attention score matrices a rank holds (micro-batch x heads / TP), the batch count of the attention
   core's batched GEMMs and softmax, which the measured times do not follow smoothly.
+- vTrain single-node, split by its sweep: the set times each plan at 12, 16, 20 and 24 layers and at
+  several global batches (micro-batches per iteration m), so the single-stage runs of one hidden
+  size, TP, DP and micro-batch size fit t = a0 + a1 m + b0 L + b1 L m by least squares, measured and
+  predicted alike: b1 is one layer's forward, recompute and backward for one micro-batch; a1 what a
+  micro-batch costs outside the layers (embedding, output layer, loss, its data); b0 what a layer
+  costs once per iteration (its gradients' data-parallel reduction and its optimizer step); a0 the
+  rest of the iteration. A miss in one term and not the others says which part of the model to
+  look at.
 - vTrain multi-node: the missing time per iteration of the single-stage runs, by hidden size and TP
   (and so by how many data-parallel groups share a node's NICs, 8 / TP), which is constant across
   micro-batch sizes if it is a per-iteration cost.
@@ -30,6 +38,8 @@ import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+import numpy as np
 
 from calibration.fit_host_overhead import _a100_sets
 from simulator.measure.datasets import VTRAIN_MULTI_NODE, VTRAIN_SINGLE_NODE, DataSet
@@ -88,6 +98,41 @@ def single_node(rows: list[tuple]) -> dict:
     return {"signed_error_by_tp_and_micro_batch": {k: _stats(v) for k, v in _by_numbers(by_tp_mbs.items())},
             "signed_error_by_attention_batches": {k: _stats(v) for k, v in _by_numbers(by_batches.items())},
             "tp8_missing_us_per_all_reduce": {k: _stats(v) for k, v in _by_numbers(tp8.items())}}
+
+
+# the terms of the layer sweep's fit t = a0 + a1 m + b0 L + b1 L m, in the order of its design matrix's columns
+SWEEP_TERMS = ("per_iteration_ms", "outside_layers_per_micro_batch_ms", "per_layer_per_iteration_ms",
+               "per_layer_per_micro_batch_ms")
+
+
+def layer_sweep(rows: list[tuple]) -> dict:
+    """The single-stage runs split into the four terms of t = a0 + a1 m + b0 L + b1 L m (module docstring),
+    fitted by least squares to the measured and to the predicted times of each (hidden size, TP, DP,
+    micro-batch) whose runs vary both the layers L and the micro-batches m; by hidden size, TP and
+    micro-batch, the mean over DP of each term (ms) and the predicted term's signed error."""
+    groups = defaultdict(list)
+    for run, predicted in rows:
+        p, m = run.job.plan, run.job.model
+        if p.pipeline_parallel_size == 1:
+            groups[(m.hidden_size, p.tensor_parallel_size, p.micro_batch_size, p.data_parallel_size)].append(
+                (m.num_layers, _micro_batches(run.job), run.measured_s, predicted))
+    terms = defaultdict(list)
+    for (h, tp, mbs, _), points in groups.items():
+        layers, micro = (np.array([pt[i] for pt in points], dtype=float) for i in (0, 1))
+        if len(set(layers)) < 2 or len(set(micro)) < 2:
+            continue  # a sweep of one dimension cannot tell the per-layer from the per-micro-batch terms
+        design = np.stack([np.ones_like(layers), micro, layers, layers * micro], axis=1)
+        measured, predicted = (np.linalg.lstsq(design, np.array([pt[i] for pt in points]), rcond=None)[0] * 1e3
+                               for i in (2, 3))
+        terms[f"h{h} tp{tp} mbs{mbs}"].append((measured, predicted))
+    out = {}
+    for key, fits in _by_numbers(terms.items()):
+        measured, predicted = (np.mean([f[i] for f in fits], axis=0) for i in (0, 1))
+        out[key] = {"dp_groups": len(fits), **{
+            name: {"measured": float(mv), "predicted": float(pv),
+                   "signed_error": float(pv / mv - 1) if mv > 0 else None}
+            for name, mv, pv in zip(SWEEP_TERMS, measured, predicted)}}
+    return out
 
 
 def multi_node(rows: list[tuple]) -> dict:
@@ -157,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "command": "python -m calibration.residuals",
         "sets": {key: _errors(r) for key, r in rows.items()},
-        "vtrain-single-node": single_node(rows[VTRAIN_SINGLE_NODE.key]),
+        "vtrain-single-node": {**single_node(rows[VTRAIN_SINGLE_NODE.key]),
+                               "layer_sweep": layer_sweep(rows[VTRAIN_SINGLE_NODE.key])},
         "vtrain-multi-node-dev": multi_node(rows[VTRAIN_MULTI_NODE.key]),
         "what_if": what_ifs(sets),
     }
@@ -175,6 +221,13 @@ def main(argv: list[str] | None = None) -> None:
     print("vTrain single-node TP 8, missing time per tensor-parallel all-reduce (us):")
     for key, s in result["vtrain-single-node"]["tp8_missing_us_per_all_reduce"].items():
         print(f"  {key:12s} {s['mean']:6.0f} (range {s['min']:.0f} to {s['max']:.0f}, {s['runs']} runs)")
+    print("vTrain single-node, single-stage runs split by the layer sweep (ms, measured / predicted): one layer per "
+          "micro-batch | outside the layers per micro-batch | one layer per iteration:")
+    for key, t in result["vtrain-single-node"]["layer_sweep"].items():
+        print(f"  {key:18s}" + " | ".join(
+            f"{t[name]['measured']:6.2f} / {t[name]['predicted']:6.2f}"
+            for name in ("per_layer_per_micro_batch_ms", "outside_layers_per_micro_batch_ms",
+                         "per_layer_per_iteration_ms")))
     print("vTrain multi-node, single-stage runs, missing time per iteration (s):")
     for key, s in result["vtrain-multi-node-dev"]["missing_s_per_iteration_single_stage"].items():
         print(f"  {key:20s} {s['mean']:+.2f} (range {s['min']:+.2f} to {s['max']:+.2f}, {s['runs']} runs)")

@@ -52,6 +52,7 @@ def registry_section(headline_job=None, headline_days: float | None = None) -> t
             cells = ", ".join(f"{tag} {v}: {_pct(bias)} ({n})" for v, (_, bias, n) in by.items())
             lines += ["", f"{ds.key}, signed bias by {tag} (runs): {cells}"]
     lines += _host_fit_left_out(data)
+    lines += _layer_sweep(data)
     lines += _what_ifs(data)
     table = band_table()
     lines += ["", "Measured runs kept outside the repository judge the model on data it never saw; they are not "
@@ -126,6 +127,38 @@ def _host_fit_left_out(data: dict) -> list[str]:
             "weighing the same (`python -m calibration.fit_host_overhead`); the rows above show how far that fit "
             "carries to a set it did not see."]
     data["host_fit_left_out"] = table["rows"]
+    return lines
+
+
+def _layer_sweep(data: dict) -> list[str]:
+    """Which part of an iteration the single-node set's error sits in: its single-stage runs split by their sweep of
+    layers and micro-batches (``python -m calibration.residuals``), the predicted term's mean signed error by TP."""
+    path = resources.files("calibration") / "published" / "residuals.json"
+    if not path.is_file():
+        return []
+    sweep = json.loads(path.read_text(encoding="utf-8")).get("vtrain-single-node", {}).get("layer_sweep")
+    if not sweep:
+        return []
+    terms = (("per_layer_per_micro_batch_ms", "one layer, per micro-batch"),
+             ("outside_layers_per_micro_batch_ms", "outside the layers, per micro-batch"),
+             ("per_layer_per_iteration_ms", "one layer, per iteration"))
+    by_tp: dict[int, dict[str, list[float]]] = {}
+    for key, t in sweep.items():
+        tp = int(key.split(" tp")[1].split()[0])
+        for name, _ in terms:
+            if t[name]["signed_error"] is not None:
+                by_tp.setdefault(tp, {}).setdefault(name, []).append(t[name]["signed_error"])
+    lines = ["", "Where in an iteration the single-node set's error sits: its single-stage runs time each plan at "
+             "12-24 layers and at several global batches, so measured and predicted times alike split into one layer's "
+             "forward, recompute and backward per micro-batch, what a micro-batch costs outside the layers (embedding, "
+             "output layer, loss), and what a layer costs once per iteration (its gradients' reduction and optimizer "
+             "step). The predicted term's mean signed error over hidden sizes and micro-batch sizes "
+             "(`python -m calibration.residuals`, which prints each term in ms):", "",
+             "| TP | " + " | ".join(label for _, label in terms) + " |", "|---|" + "---|" * len(terms)]
+    for tp in sorted(by_tp):
+        lines.append(f"| {tp} | " + " | ".join(
+            _pct(sum(v) / len(v)) if (v := by_tp[tp].get(name)) else "-" for name, _ in terms) + " |")
+    data["layer_sweep"] = sweep
     return lines
 
 

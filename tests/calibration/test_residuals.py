@@ -40,3 +40,28 @@ def test_missing_time_per_iteration_counts_single_stage_runs_only():
     # ordered by the numbers in the key: TP 2 before TP 16 for the same hidden size
     keys = list(per_key)
     assert keys == sorted(keys, key=lambda k: [int(n) for n in re.findall(r"\d+", k)])
+
+
+def test_the_layer_sweep_recovers_the_terms_a_time_is_made_of():
+    """Times built as a0 + a1 m + b0 L + b1 L m from each run's own layers L and micro-batches m come back as those
+    four terms, for every (hidden size, TP, micro-batch) whose runs sweep both."""
+    a0, a1, b0, b1 = 0.004, 0.006, 0.0009, 0.0031  # s
+    rows = [(run, a0 + a1 * residuals._micro_batches(run.job) + b0 * run.job.model.num_layers
+             + b1 * run.job.model.num_layers * residuals._micro_batches(run.job)) for run in VTRAIN_SINGLE_NODE.runs()]
+    table = residuals.layer_sweep(rows)
+    assert table and all(key.startswith("h") for key in table)
+    assert {"h1024 tp8 mbs1", "h2048 tp1 mbs4"} <= set(table)
+    for terms in table.values():
+        for name, seconds in zip(residuals.SWEEP_TERMS, (a0, a1, b0, b1)):
+            assert terms[name]["predicted"] == pytest.approx(seconds * 1e3, rel=1e-6)
+
+
+def test_the_layer_sweep_leaves_out_what_sweeps_one_dimension_only():
+    """A group whose runs all have the same number of micro-batches cannot split a layer's time per micro-batch from
+    its time per iteration: it is left out, not fitted by a rank-deficient design."""
+    runs = [r for r in VTRAIN_SINGLE_NODE.runs() if r.job.plan.pipeline_parallel_size == 1]
+    one_m = [r for r in runs if r.job.plan.micro_batch_size == 8]
+    assert one_m and len({residuals._micro_batches(r.job) for r in one_m
+                          if r.job.plan.tensor_parallel_size == 8}) == 1
+    table = residuals.layer_sweep([(r, r.measured_s) for r in one_m if r.job.plan.tensor_parallel_size == 8])
+    assert table == {}

@@ -93,3 +93,22 @@ def test_the_committed_what_ifs_are_the_models_own_errors_and_the_report_shows_e
     for name, per_set in table["what_if"].items():
         row = next(line for line in lines if line.startswith(f"| {name} |"))
         assert all(f"{e['mean_abs_error']:.1%}" in row for e in per_set.values())
+
+
+def test_the_report_shows_where_in_an_iteration_the_single_node_error_sits():
+    """The trust section's layer-sweep table has one row per TP the committed split covers, each cell the mean signed
+    error of that term over the split's keys of that TP."""
+    from simulator.measure.trust import _layer_sweep
+
+    sweep = json.loads((resources.files("calibration") / "published" / "residuals.json").read_text())[
+        "vtrain-single-node"]["layer_sweep"]
+    data: dict = {}
+    lines = _layer_sweep(data)
+    assert data["layer_sweep"] == sweep
+    tps = sorted({int(key.split(" tp")[1].split()[0]) for key in sweep})
+    assert tps == [1, 2, 4, 8]
+    for tp in tps:
+        row = next(line for line in lines if line.startswith(f"| {tp} |"))
+        errors = [t["per_layer_per_micro_batch_ms"]["signed_error"] for key, t in sweep.items()
+                  if key.split()[1] == f"tp{tp}"]
+        assert f"{sum(errors) / len(errors) * 100:+.1f}%" in row
