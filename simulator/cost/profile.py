@@ -242,7 +242,8 @@ class ElementwiseParams(_Block):
     launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
     kernel_fractions: dict[str, Annotated[float, Field(**_FRACTION)]] | None = Field(
         None, description="Achieved fraction per kernel class (layer_norm, gelu, dropout, softmax, bias_add_residual, "
-                          "copy and each one's _backward) where measured; the others use achieved_fraction.",
+                          "copy and each one's _backward; optimizer, the optimizer step's kernels) where measured; "
+                          "the others use achieved_fraction.",
     )
     kernel_curves: dict[str, tuple[tuple[float, float], ...]] | None = Field(
         None, description="Per kernel class, measured (bytes_moved, fraction of peak HBM bandwidth) points, sizes "

@@ -218,7 +218,7 @@ def _optimizer_step(cost, job: Job, params: int, expert_params: int = 0) -> Opti
     shard = (dense / plan.gradient_group_size + expert_params / plan.expert_data_parallel_size
              if plan.shards_optimizer else params)
     step_bytes = shard * optimizer_bytes_per_param(plan.precision)
-    step = cost.op_time_s(Op("optimizer", OpKind.elementwise, bytes_moved=step_bytes))
+    step = cost.op_time_s(Op("optimizer", OpKind.elementwise, bytes_moved=step_bytes, kernel="optimizer"))
     bucket, n = None, 1
     if plan.shards_optimizer and plan.sharding is not DataParallelSharding.optim_grads_params:
         n = grad_buckets(job, params) if plan.overlap_param_gather else 1
