@@ -109,7 +109,8 @@ def layer_sweep(rows: list[tuple]) -> dict:
     """The single-stage runs split into the four terms of t = a0 + a1 m + b0 L + b1 L m (module docstring),
     fitted by least squares to the measured and to the predicted times of each (hidden size, TP, DP,
     micro-batch) whose runs vary both the layers L and the micro-batches m; by hidden size, TP and
-    micro-batch, the mean over DP of each term (ms) and the predicted term's signed error."""
+    micro-batch, the mean over DP of each term (ms), the predicted term's signed error, and the term's
+    share of the measured time of the runs it was fitted to (its coefficient times 1, m, L or L m)."""
     groups = defaultdict(list)
     for run, predicted in rows:
         p, m = run.job.plan, run.job.model
@@ -122,16 +123,18 @@ def layer_sweep(rows: list[tuple]) -> dict:
         if len(set(layers)) < 2 or len(set(micro)) < 2:
             continue  # a sweep of one dimension cannot tell the per-layer from the per-micro-batch terms
         design = np.stack([np.ones_like(layers), micro, layers, layers * micro], axis=1)
+        times = np.array([pt[2] for pt in points])
         measured, predicted = (np.linalg.lstsq(design, np.array([pt[i] for pt in points]), rcond=None)[0] * 1e3
                                for i in (2, 3))
-        terms[f"h{h} tp{tp} mbs{mbs}"].append((measured, predicted))
+        share = (design * measured / 1e3 / times[:, None]).mean(axis=0)
+        terms[f"h{h} tp{tp} mbs{mbs}"].append((measured, predicted, share))
     out = {}
     for key, fits in _by_numbers(terms.items()):
-        measured, predicted = (np.mean([f[i] for f in fits], axis=0) for i in (0, 1))
+        measured, predicted, share = (np.mean([f[i] for f in fits], axis=0) for i in (0, 1, 2))
         out[key] = {"dp_groups": len(fits), **{
-            name: {"measured": float(mv), "predicted": float(pv),
+            name: {"measured": float(mv), "predicted": float(pv), "share_of_measured": float(sv),
                    "signed_error": float(pv / mv - 1) if mv > 0 else None}
-            for name, mv, pv in zip(SWEEP_TERMS, measured, predicted)}}
+            for name, mv, pv, sv in zip(SWEEP_TERMS, measured, predicted, share)}}
     return out
 
 

@@ -142,22 +142,27 @@ def _layer_sweep(data: dict) -> list[str]:
     terms = (("per_layer_per_micro_batch_ms", "one layer, per micro-batch"),
              ("outside_layers_per_micro_batch_ms", "outside the layers, per micro-batch"),
              ("per_layer_per_iteration_ms", "one layer, per iteration"))
-    by_tp: dict[int, dict[str, list[float]]] = {}
+    by_tp: dict[int, dict[str, list[tuple[float, float]]]] = {}
     for key, t in sweep.items():
         tp = int(key.split(" tp")[1].split()[0])
         for name, _ in terms:
             if t[name]["signed_error"] is not None:
-                by_tp.setdefault(tp, {}).setdefault(name, []).append(t[name]["signed_error"])
+                by_tp.setdefault(tp, {}).setdefault(name, []).append(
+                    (t[name]["signed_error"], t[name]["share_of_measured"]))
     lines = ["", "Where in an iteration the single-node set's error sits: its single-stage runs time each plan at "
              "12-24 layers and at several global batches, so measured and predicted times alike split into one layer's "
              "forward, recompute and backward per micro-batch, what a micro-batch costs outside the layers (embedding, "
              "output layer, loss), and what a layer costs once per iteration (its gradients' reduction and optimizer "
-             "step). The predicted term's mean signed error over hidden sizes and micro-batch sizes "
-             "(`python -m calibration.residuals`, which prints each term in ms):", "",
+             "step). The predicted term's mean signed error over hidden sizes and micro-batch sizes, and in "
+             "brackets the term's mean share of the measured time (`python -m calibration.residuals`, which prints "
+             "each term in ms):", "",
              "| TP | " + " | ".join(label for _, label in terms) + " |", "|---|" + "---|" * len(terms)]
     for tp in sorted(by_tp):
-        lines.append(f"| {tp} | " + " | ".join(
-            _pct(sum(v) / len(v)) if (v := by_tp[tp].get(name)) else "-" for name, _ in terms) + " |")
+        cells = []
+        for name, _ in terms:
+            v = by_tp[tp].get(name)
+            cells.append(f"{_pct(sum(e for e, _ in v) / len(v))} ({sum(s for _, s in v) / len(v):.0%})" if v else "-")
+        lines.append(f"| {tp} | " + " | ".join(cells) + " |")
     data["layer_sweep"] = sweep
     return lines
 

@@ -1,7 +1,9 @@
 """calibration/residuals.py states what the model misses in the units of a mechanism: a time it is told was
 missed per all-reduce, or per iteration, comes back as that time."""
 
+import dataclasses
 import re
+from collections import defaultdict
 
 import pytest
 
@@ -54,6 +56,29 @@ def test_the_layer_sweep_recovers_the_terms_a_time_is_made_of():
     for terms in table.values():
         for name, seconds in zip(residuals.SWEEP_TERMS, (a0, a1, b0, b1)):
             assert terms[name]["predicted"] == pytest.approx(seconds * 1e3, rel=1e-6)
+
+
+def test_the_layer_sweeps_shares_are_what_each_term_adds_to_the_measured_time():
+    """Measured times that are exactly a0 + a1 m + b0 L + b1 L m give each term its share of them: the shares add
+    up to the whole, and the per-layer-per-micro-batch term's is b1 L m over the time, averaged over the runs."""
+    a0, a1, b0, b1 = 0.004, 0.006, 0.0009, 0.0031
+    runs = [r for r in VTRAIN_SINGLE_NODE.runs() if r.job.plan.pipeline_parallel_size == 1
+            and r.job.plan.tensor_parallel_size == 2 and r.job.model.hidden_size == 1024
+            and r.job.plan.micro_batch_size == 1]
+
+    def time(run):
+        m, L = residuals._micro_batches(run.job), run.job.model.num_layers
+        return a0 + a1 * m + b0 * L + b1 * L * m
+
+    rows = [(dataclasses.replace(run, measured_s=time(run)), time(run)) for run in runs]
+    terms = residuals.layer_sweep(rows)["h1024 tp2 mbs1"]
+    assert sum(terms[name]["share_of_measured"] for name in residuals.SWEEP_TERMS) == pytest.approx(1.0)
+    by_dp = defaultdict(list)
+    for run in runs:
+        m, L = residuals._micro_batches(run.job), run.job.model.num_layers
+        by_dp[run.job.plan.data_parallel_size].append(b1 * L * m / time(run))
+    expected = sum(sum(v) / len(v) for v in by_dp.values()) / len(by_dp)
+    assert terms["per_layer_per_micro_batch_ms"]["share_of_measured"] == pytest.approx(expected)
 
 
 def test_the_layer_sweep_leaves_out_what_sweeps_one_dimension_only():

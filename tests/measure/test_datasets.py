@@ -109,6 +109,6 @@ def test_the_report_shows_where_in_an_iteration_the_single_node_error_sits():
     assert tps == [1, 2, 4, 8]
     for tp in tps:
         row = next(line for line in lines if line.startswith(f"| {tp} |"))
-        errors = [t["per_layer_per_micro_batch_ms"]["signed_error"] for key, t in sweep.items()
-                  if key.split()[1] == f"tp{tp}"]
-        assert f"{sum(errors) / len(errors) * 100:+.1f}%" in row
+        terms = [t["per_layer_per_micro_batch_ms"] for key, t in sweep.items() if key.split()[1] == f"tp{tp}"]
+        errors, shares = [t["signed_error"] for t in terms], [t["share_of_measured"] for t in terms]
+        assert f"{sum(errors) / len(errors) * 100:+.1f}% ({sum(shares) / len(shares):.0%})" in row
