@@ -127,14 +127,15 @@ def layer_sweep(rows: list[tuple]) -> dict:
         measured, predicted = (np.linalg.lstsq(design, np.array([pt[i] for pt in points]), rcond=None)[0] * 1e3
                                for i in (2, 3))
         share = (design * measured / 1e3 / times[:, None]).mean(axis=0)
-        terms[f"h{h} tp{tp} mbs{mbs}"].append((measured, predicted, share))
+        terms[(h, tp, mbs)].append((measured, predicted, share))
     out = {}
-    for key, fits in _by_numbers(terms.items()):
+    for (h, tp, mbs), fits in sorted(terms.items()):
         measured, predicted, share = (np.mean([f[i] for f in fits], axis=0) for i in (0, 1, 2))
-        out[key] = {"dp_groups": len(fits), **{
-            name: {"measured": float(mv), "predicted": float(pv), "share_of_measured": float(sv),
-                   "signed_error": float(pv / mv - 1) if mv > 0 else None}
-            for name, mv, pv, sv in zip(SWEEP_TERMS, measured, predicted, share)}}
+        out[f"h{h} tp{tp} mbs{mbs}"] = {
+            "hidden_size": h, "tensor_parallel_size": tp, "micro_batch_size": mbs, "dp_groups": len(fits),
+            **{name: {"measured": float(mv), "predicted": float(pv), "share_of_measured": float(sv),
+                      "signed_error": float(pv / mv - 1) if mv > 0 else None}
+               for name, mv, pv, sv in zip(SWEEP_TERMS, measured, predicted, share)}}
     return out
 
 

@@ -143,8 +143,8 @@ def _layer_sweep(data: dict) -> list[str]:
              ("outside_layers_per_micro_batch_ms", "outside the layers, per micro-batch"),
              ("per_layer_per_iteration_ms", "one layer, per iteration"))
     by_tp: dict[int, dict[str, list[tuple[float, float]]]] = {}
-    for key, t in sweep.items():
-        tp = int(key.split(" tp")[1].split()[0])
+    for t in sweep.values():
+        tp = t["tensor_parallel_size"]
         for name, _ in terms:
             if t[name]["signed_error"] is not None:
                 by_tp.setdefault(tp, {}).setdefault(name, []).append(

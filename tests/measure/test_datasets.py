@@ -105,10 +105,10 @@ def test_the_report_shows_where_in_an_iteration_the_single_node_error_sits():
     data: dict = {}
     lines = _layer_sweep(data)
     assert data["layer_sweep"] == sweep
-    tps = sorted({int(key.split(" tp")[1].split()[0]) for key in sweep})
+    tps = sorted({t["tensor_parallel_size"] for t in sweep.values()})
     assert tps == [1, 2, 4, 8]
     for tp in tps:
         row = next(line for line in lines if line.startswith(f"| {tp} |"))
-        terms = [t["per_layer_per_micro_batch_ms"] for key, t in sweep.items() if key.split()[1] == f"tp{tp}"]
+        terms = [t["per_layer_per_micro_batch_ms"] for t in sweep.values() if t["tensor_parallel_size"] == tp]
         errors, shares = [t["signed_error"] for t in terms], [t["share_of_measured"] for t in terms]
         assert f"{sum(errors) / len(errors) * 100:+.1f}% ({sum(shares) / len(shares):.0%})" in row
