@@ -130,13 +130,16 @@ def _host_fit_left_out(data: dict) -> list[str]:
     return lines
 
 
+def _residuals() -> dict:
+    """The committed ``python -m calibration.residuals`` table, empty where this checkout does not hold it."""
+    path = resources.files("calibration") / "published" / "residuals.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 def _layer_sweep(data: dict) -> list[str]:
     """Which part of an iteration the single-node set's error sits in: its single-stage runs split by their sweep of
     layers and micro-batches (``python -m calibration.residuals``), the predicted term's mean signed error by TP."""
-    path = resources.files("calibration") / "published" / "residuals.json"
-    if not path.is_file():
-        return []
-    sweep = json.loads(path.read_text(encoding="utf-8")).get("vtrain-single-node", {}).get("layer_sweep")
+    sweep = _residuals().get("vtrain-single-node", {}).get("layer_sweep")
     if not sweep:
         return []
     terms = (("per_layer_per_micro_batch_ms", "one layer, per micro-batch"),
@@ -170,10 +173,7 @@ def _layer_sweep(data: dict) -> list[str]:
 def _what_ifs(data: dict) -> list[str]:
     """What the measured A100 sets would say were a declared constant at an end of its range, or another
     setting no source supports (``python -m calibration.residuals``): nothing here is applied."""
-    path = resources.files("calibration") / "published" / "residuals.json"
-    if not path.is_file():
-        return []
-    table = json.loads(path.read_text(encoding="utf-8"))
+    table = _residuals()
     cases = table.get("what_if", {})
     if not cases:
         return []
