@@ -233,6 +233,11 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--tp-comm-overlap", "tp_comm_overlap"),
      dict(is_flag=True, default=False, help="Pipeline SP's all-gathers and reduce-scatters with their GEMMs "
                                             "(Transformer Engine userbuffers; needs --sequence-parallel).")),
+    (("--cuda-device-max-connections", "cuda_device_max_connections"),
+     dict(type=BoundedInt(1, 32), default=None,
+          help="CUDA work queues per GPU the job runs with (CUDA_DEVICE_MAX_CONNECTIONS). Default: what Megatron's "
+               "launch sets, 1 with TP or CP, 8 under Megatron-FSDP; with more than one, the input-gradient "
+               "all-reduce (SP: all-gather) runs after the GEMM it would overlap.")),
     (("--accumulate-allreduce-grads-in-fp32", "accumulate_allreduce_grads_in_fp32"),
      dict(is_flag=True, default=None, help="Accumulate and reduce gradients in fp32 (forced under bf16; "
                                            "fp16 default: 2-byte gradients).")),
@@ -346,6 +351,7 @@ def plan_fields(o: dict[str, Any], dp: int) -> dict[str, Any]:
         "moe_token_dispatcher_type": o.get("moe_token_dispatcher_type") or "allgather",
         "moe_grouped_gemm": o.get("moe_grouped_gemm", False),
         "tp_comm_overlap": o.get("tp_comm_overlap", False),
+        "cuda_device_max_connections": o.get("cuda_device_max_connections"),
         "micro_batch_size": mbs,
         "global_batch_size": o.get("global_batch_size") or mbs * dp * pp,
         "recompute": {

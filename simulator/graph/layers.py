@@ -69,6 +69,7 @@ class LayerKey:
     tp_comm_overlap: bool = False
     context_parallel_size: int = 1
     cp_comm_type: CpCommType = CpCommType.p2p
+    ordered_overlap: bool = True  # collectives issued before a GEMM start before it (one CUDA work queue)
     moe: bool = False  # the layer's MLP is a mixture of experts
     expert_parallel_size: int = 1
     expert_tensor_parallel_size: int = 1
@@ -79,7 +80,8 @@ class LayerKey:
     def of(plan: ParallelPlan, moe: bool = False) -> "LayerKey":
         common = (plan.tensor_parallel_size, plan.sequence_parallel, plan.micro_batch_size, plan.precision,
                   plan.use_flash_attention, plan.recompute.granularity, plan.fp8_format is not None,
-                  plan.grad_bytes, plan.tp_comm_overlap, plan.context_parallel_size, plan.cp_comm_type)
+                  plan.grad_bytes, plan.tp_comm_overlap, plan.context_parallel_size, plan.cp_comm_type,
+                  plan.collectives_issued_in_order)
         if not moe:  # a dense layer does not depend on the expert layout: one graph for every EP
             return LayerKey(*common)
         return LayerKey(*common, True, plan.expert_model_parallel_size, plan.expert_tp_size,
@@ -104,6 +106,7 @@ def _dims(model: ModelSpec, plan: LayerKey) -> Dims:
         gb=plan.grad_bytes,
         tp_overlap=plan.tp_comm_overlap,
         cp=plan.context_parallel_size,
+        ordered_overlap=plan.ordered_overlap,
     )
 
 

@@ -32,6 +32,7 @@ class Dims:
     gb: int = FP32_BYTES  # gradient buffer (main_grad) bytes per element
     tp_overlap: bool = False  # --tp-comm-overlap: SP collectives pipelined with their GEMMs in chunks
     cp: int = 1  # context-parallel ranks sharing each sequence (s / cp tokens each, t ranks apart)
+    ordered_overlap: bool = True  # a collective issued before a GEMM starts before it (one CUDA work queue)
 
     @property
     def tokens(self) -> int:

@@ -128,12 +128,17 @@ def _linear_backward(g: GraphBuilder, name: str, shape: GemmShape, dm: Dims, col
 
     Column-parallel (qkv, fc1): the input gradient needs an all-reduce (or, under SP, a
     reduce-scatter), launched as soon as dgrad is done and overlapped with wgrad; under SP the
-    sharded saved input is all-gathered again for wgrad, overlapped with dgrad. Under FP8
+    sharded saved input is all-gathered again for wgrad, overlapped with dgrad. Both overlaps
+    need the collective to start before the GEMM issued after it, which one CUDA work queue
+    guarantees; from several (``Dims.ordered_overlap`` false) each runs after its GEMM. Under FP8
     (Transformer Engine) the output gradient is cast (and transposed for wgrad) first.
     Row-parallel under SP: the output gradient is all-gathered (``grad_gather``) before dgrad.
     """
+    # Issued before the GEMM it overlaps, a collective starts first only from a single CUDA work queue; from
+    # several, the GEMM can take every SM first and the collective runs after it (``Dims.ordered_overlap``)
+    ordered = dm.ordered_overlap or dm.chunked
     gather = None
-    if column_parallel and dm.t > 1 and dm.sp:
+    if column_parallel and dm.t > 1 and dm.sp and ordered:
         gather = g.add(collective(f"{name}.input_all_gather", CollectiveKind.all_gather, dm.full_activation_bytes,
                                   dm.t), after=(after,))
     if shape.fp8:  # cast_transpose of the output gradient: read it, write fp8 and its transpose
@@ -143,7 +148,10 @@ def _linear_backward(g: GraphBuilder, name: str, shape: GemmShape, dm: Dims, col
     reduce = None
     if column_parallel:  # the reduction already runs beside wgrad (Transformer Engine's bulk overlap too)
         dgrad = g.add(gemm(f"{name}.dgrad", dgrad_shape), after=(after,))
-        if dm.t > 1:
+        if dm.t > 1 and dm.sp and not ordered:
+            gather = g.add(collective(f"{name}.input_all_gather", CollectiveKind.all_gather,
+                                      dm.full_activation_bytes, dm.t), after=(dgrad,))
+        if dm.t > 1 and ordered:
             reduce = g.add(collective(f"{name}.dgrad_{dm.tp_reduce.value}", dm.tp_reduce, dm.full_activation_bytes,
                                       dm.t), after=(dgrad,))
     elif grad_gather is not None:
@@ -153,6 +161,9 @@ def _linear_backward(g: GraphBuilder, name: str, shape: GemmShape, dm: Dims, col
     # Megatron's gradient-accumulation fusion: the weight gradient accumulates into main_grad
     wgrad_shape = GemmShape(shape.k, shape.n, shape.m, accumulate_bytes=dm.gb, fp8=shape.fp8)
     wgrad = g.add(gemm(f"{name}.wgrad", wgrad_shape), after=(dgrad,) + ((gather,) if gather else ()))
+    if column_parallel and dm.t > 1 and not ordered:
+        reduce = g.add(collective(f"{name}.dgrad_{dm.tp_reduce.value}", dm.tp_reduce, dm.full_activation_bytes,
+                                  dm.t), after=(wgrad,))
     if bias:  # grad_output.sum(0): one read of the output gradient (on s/t tokens after a reduce-scatter)
         tokens = shape.m if column_parallel else dm.local_tokens
         g.add(elementwise(f"{name}.bias_grad", tokens * shape.n, 1, 0, dm.ab), after=(wgrad,))

@@ -146,7 +146,11 @@ def vtrain_job(gpus: int, global_batch: int, micro_batch: int, hidden: int, head
     """The job of one row as the set was measured (its README): Megatron-DeepSpeed, fp16, full
     recompute of every layer, 1F1B, no sequence parallelism, Megatron's unfused attention,
     GPT-2's vocabulary padded to a multiple of 128 x TP, FFN 4 x hidden. A TP group wider than a
-    node (the multi-node set's TP 16) spans two nodes, as it was run."""
+    node (the multi-node set's TP 16) spans two nodes, as it was run. CUDA's default 8 work queues:
+    Megatron-DeepSpeed either reduces a column-parallel layer's input gradient after the layer's
+    whole backward (its releases before the asynchronous all-reduce) or issues it asynchronously
+    and only warns when CUDA_DEVICE_MAX_CONNECTIONS is not 1, which DeepSpeed's launcher does not
+    set; either way the all-reduce runs after the weight-gradient GEMM."""
     assert gpus == tp * dp * pp, (gpus, tp, dp, pp)
     multiple = 128 * tp
     model = ModelSpec(name=f"gpt-h{hidden}-l{layers}", num_layers=layers, hidden_size=hidden,
@@ -154,7 +158,8 @@ def vtrain_job(gpus: int, global_batch: int, micro_batch: int, hidden: int, head
     plan = ParallelPlan(tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=dp,
                         micro_batch_size=micro_batch, global_batch_size=global_batch, precision=Precision.fp16,
                         recompute=RecomputePolicy(granularity=RecomputeGranularity.full),
-                        attention_backend=AttentionBackend.unfused, allow_tp_across_nodes=tp > 8)
+                        attention_backend=AttentionBackend.unfused, allow_tp_across_nodes=tp > 8,
+                        cuda_device_max_connections=8)
     return Job(model=model, cluster=load_cluster(VTRAIN_CLUSTER), plan=plan)
 
 

@@ -238,12 +238,11 @@ def megatron_env(job: Job) -> dict[str, str]:
     """Environment the launch needs. With TP or CP, Megatron wants one CUDA work queue
     (CUDA_DEVICE_MAX_CONNECTIONS=1) so each collective is issued before the GEMM it overlaps;
     sequence parallelism required it in Megatron's older releases. Megatron-FSDP asserts the opposite,
-    so its jobs get CUDA's default of 8."""
+    so its jobs get CUDA's default of 8. A plan that names its queues runs with them, as simulated."""
     p = job.plan
-    if uses_megatron_fsdp(job):
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}
-    if p.tensor_parallel_size > 1 or p.context_parallel_size > 1:
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    if (p.cuda_device_max_connections is not None or uses_megatron_fsdp(job) or p.tensor_parallel_size > 1
+            or p.context_parallel_size > 1):
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": str(p.work_queues)}
     return {}
 
 
@@ -279,9 +278,11 @@ def megatron_notes(job: Job) -> list[str]:
     if p.interleaved and not p.overlap_p2p_comm and p.pipeline_parallel_size <= 2:
         notes.append("Megatron refuses interleaving without overlapped pipeline sends at PP "
                      f"{p.pipeline_parallel_size}; drop --no-overlap-p2p-communication (and simulate with overlap)")
-    if uses_megatron_fsdp(job) and (p.tensor_parallel_size > 1 or p.context_parallel_size > 1):
-        notes.append("Megatron-FSDP with TP or CP runs without CUDA_DEVICE_MAX_CONNECTIONS=1, so TP/CP collectives "
-                     "may overlap less than simulated")
+    if (p.tensor_parallel_size > 1 or p.context_parallel_size > 1) and not p.collectives_issued_in_order:
+        why = "Megatron-FSDP asserts it" if uses_megatron_fsdp(job) else "as the plan says"
+        notes.append(f"runs with CUDA_DEVICE_MAX_CONNECTIONS={p.work_queues} ({why}): the simulation has each "
+                     "input-gradient all-reduce (SP: all-gather) run after the GEMM it would overlap; other TP/CP "
+                     "overlaps may fall short of the simulated ones as well")
     if m.is_moe:
         notes += _moe_notes(job)
     return notes

@@ -255,5 +255,6 @@ class SearchMemo:
 
 
 def _layer(c: Candidate) -> tuple:
-    """What the candidate's layer graphs depend on (``layers.LayerKey``, less the request's fields)."""
-    return c.t, c.cp, c.sp, c.mbs, c.recompute.granularity, c.ep, c.etp
+    """What the candidate's layer graphs depend on (``layers.LayerKey``, less the request's fields; the
+    sharding sets the CUDA work queues Megatron runs with)."""
+    return c.t, c.cp, c.sp, c.mbs, c.recompute.granularity, c.ep, c.etp, c.sharding

@@ -201,13 +201,16 @@ def _launcher_gpus(words: list[str], gpus_per_node: int | None) -> tuple[int | N
 
 def parse_launch(text: str, gpus_per_node: int | None = None) -> Launch:
     """Read a launch: launcher, flags and values (see the module docstring); bad input is a ConfigError."""
-    from simulator.spec.shell_script import launch_words
+    from simulator.spec.shell_script import launch_variable, launch_words
 
     words, script_notes = launch_words(text)
+    launch = Launch(notes=list(script_notes), gpus_per_node=gpus_per_node)
+    queues = launch_variable(text, "CUDA_DEVICE_MAX_CONNECTIONS")
+    if queues is not None:  # the CUDA work queues decide which TP overlaps happen
+        launch.values["p.cuda_device_max_connections"] = _value("CUDA_DEVICE_MAX_CONNECTIONS", int, queues)
     while words and (words[0] == "export" or _ASSIGNMENT.match(words[0])):
         words = words[1:]
     script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
-    launch = Launch(notes=list(script_notes), gpus_per_node=gpus_per_node)
     if script is not None:
         launch.gpus, per_node, hidden = _launcher_gpus(words[:script], gpus_per_node)
         launch.gpus_per_node = per_node or gpus_per_node

@@ -117,6 +117,12 @@ class ParallelPlan(BaseModel):
     overlap_p2p_comm: bool = Field(
         False, description="Pipeline sends run beside compute; off = Megatron's blocking send/receive exchange."
     )
+    cuda_device_max_connections: int | None = Field(
+        None, ge=1, le=32,
+        description="CUDA work queues per GPU (the CUDA_DEVICE_MAX_CONNECTIONS the job runs with); None = what "
+                    "Megatron's launch sets: 1 with TP or CP, CUDA's default of 8 under Megatron-FSDP (which "
+                    "asserts it). With more than one queue the GEMM issued after a collective Megatron means to "
+                    "overlap with it can take the SMs first, so the collective runs after the GEMM.")
     schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
     allow_tp_across_nodes: bool = Field(False, description="Accept tensor parallelism wider than a node.")
     pipeline_layer_split: tuple[int, ...] | None = Field(
@@ -146,6 +152,24 @@ class ParallelPlan(BaseModel):
         if flash is not None and backend is not None and AttentionBackend(backend).fused_kernel != bool(flash):
             raise ValueError(f"attention_backend={AttentionBackend(backend).value!r} and use_flash_attention={flash} "
                              "disagree; give one of them")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _queues_megatron_would_set_are_no_choice(cls, data):
+        """A plan naming the work queues Megatron's launch sets anyway is the plan that names none."""
+        if not isinstance(data, dict) or data.get("cuda_device_max_connections") is None:
+            return data
+        sharding = data.get("data_parallel_sharding_strategy")
+        fsdp = getattr(sharding, "value", sharding) in (DataParallelSharding.optim_grads.value,
+                                                        DataParallelSharding.optim_grads_params.value)
+        try:
+            split = int(data.get("tensor_parallel_size", 1)) * int(data.get("context_parallel_size", 1)) > 1
+            queues = int(data["cuda_device_max_connections"])
+        except (TypeError, ValueError):
+            return data  # the field validators name the bad value
+        if queues == (8 if fsdp or not split else 1):
+            return {k: v for k, v in data.items() if k != "cuda_device_max_connections"}
         return data
 
     @property
@@ -183,6 +207,22 @@ class ParallelPlan(BaseModel):
     def num_micro_batches(self) -> int:
         """Micro-batches each pipeline plays per iteration."""
         return self.global_batch_size // (self.micro_batch_size * self.data_parallel_size)
+
+    @property
+    def work_queues(self) -> int:
+        """CUDA_DEVICE_MAX_CONNECTIONS as the job runs: given, or as Megatron's launch sets it."""
+        if self.cuda_device_max_connections is not None:
+            return self.cuda_device_max_connections
+        if self.sharding in (DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params):
+            return 8
+        return 1 if self.tensor_parallel_size > 1 or self.context_parallel_size > 1 else 8
+
+    @property
+    def collectives_issued_in_order(self) -> bool:
+        """Whether a collective Megatron issues before a GEMM starts before it: only from a single work queue
+        (Megatron's comment on its asynchronous input-gradient all-reduce: the order 'is necessary for a
+        speedup but not for correctness')."""
+        return self.work_queues == 1
 
     @property
     def interleaved(self) -> bool:

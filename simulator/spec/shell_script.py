@@ -303,9 +303,17 @@ def launch_words(text: str) -> tuple[list[str], list[str]]:
     return [w for c in shell.commands for w in c], shell.notes
 
 
+def launch_variable(text: str, name: str) -> str | None:
+    """The value the script (or an assignment before the launch command) gives variable ``name``, if any."""
+    shell = _Shell()
+    _run(shell, _statements(tokenize(text)), 0, set())
+    return shell.scalars.get(name)
+
+
 __all__ = [
     "Part",
     "Word",
+    "launch_variable",
     "launch_words",
     "tokenize",
 ]

@@ -78,6 +78,25 @@ def test_tp_comm_overlap_only_reorders_the_work():
     assert a.saved_tensors("none") == b.saved_tensors("none")
 
 
+@pytest.mark.parametrize("sp", [False, True])
+def test_several_work_queues_only_move_the_input_gradient_collectives_after_their_gemms(sp):
+    """From one CUDA work queue the input-gradient all-reduce (SP: the saved input's all-gather too) starts
+    beside the GEMM issued after it; from several it waits for that GEMM. Nothing else changes."""
+    import networkx as nx
+
+    one = transformer_layer(GPT3, plan(sequence_parallel=sp))
+    eight = transformer_layer(GPT3, plan(sequence_parallel=sp, cuda_device_max_connections=8))
+    assert _totals(one.forward) == _totals(eight.forward) and _totals(one.backward) == _totals(eight.backward)
+    assert one.saved_tensors("none") == eight.saved_tensors("none")
+    reduce = "reduce_scatter" if sp else "all_reduce"
+    for name in ("qkv", "fc1"):
+        after = nx.ancestors(eight.backward, f"{name}.dgrad_{reduce}")
+        assert f"{name}.wgrad" in after and f"{name}.wgrad" not in nx.ancestors(one.backward, f"{name}.dgrad_{reduce}")
+        if sp:  # the saved input's gather no longer runs beside dgrad but after it
+            assert f"{name}.dgrad" in nx.ancestors(eight.backward, f"{name}.input_all_gather")
+            assert f"{name}.dgrad" not in nx.ancestors(one.backward, f"{name}.input_all_gather")
+
+
 def test_fused_softmax_needs_whole_blocks_of_score_matrices():
     from simulator.graph.layers import fused_softmax_available
 

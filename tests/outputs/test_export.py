@@ -179,6 +179,13 @@ def test_environment():
     fsdp = job_from_options(model="gpt3-1.3b", gpus=8, data_parallel_sharding_strategy="optim_grads")
     assert megatron_env(fsdp)["CUDA_DEVICE_MAX_CONNECTIONS"] != "1"  # Megatron-FSDP asserts it is not 1
     assert launch_lines(tp)[0].startswith("CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nnodes 1 --nproc-per-node 8 ")
+    # the queues the simulation assumed are the ones the launch sets, and a plan that names them gets them
+    for j in (tp, fsdp, job_from_options(model="gpt3-1.3b", gpus=8, tensor_parallel_size=2,
+                                         cuda_device_max_connections=4)):
+        assert megatron_env(j)["CUDA_DEVICE_MAX_CONNECTIONS"] == str(j.plan.work_queues)
+    many = job_from_options(model="gpt3-1.3b", gpus=8, tensor_parallel_size=2, cuda_device_max_connections=8)
+    assert not many.plan.collectives_issued_in_order and tp.plan.collectives_issued_in_order
+    assert any("CUDA_DEVICE_MAX_CONNECTIONS=8" in n for n in megatron_notes(many))
 
 
 def test_nodes_multiply_to_the_gpu_count(jobs):
