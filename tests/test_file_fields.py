@@ -52,7 +52,7 @@ _PLAN = [("tensor_parallel_size", "tp"), ("pipeline_parallel_size", "pp"), ("dat
          ("context_parallel_size", "cp"), ("virtual_pipeline_stages", "vpp"),
          ("expert_model_parallel_size", "ep"), ("expert_tensor_parallel_size", "etp"),
          ("micro_batch_size", "mbs"), ("global_batch_size", None), ("decoder_first_pipeline_num_layers", None),
-         ("decoder_last_pipeline_num_layers", None), ("ddp_bucket_size", None)]
+         ("decoder_last_pipeline_num_layers", None), ("ddp_bucket_size", None), ("cuda_device_max_connections", None)]
 FILE_FIELDS: dict[str, list[tuple[str, tuple[str, ...], type, str]]] = {
     **{name: [("run record", ("plan", field), ParallelPlan, field)]
        for field, short in _PLAN for name in (field, short) if name},

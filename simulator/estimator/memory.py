@@ -202,10 +202,11 @@ def _extras_saved_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]
 
 @lru_cache(maxsize=4096)
 def _saved_bytes(model: ModelSpec, key: LayerKey) -> tuple[tuple[int, int, int], tuple[int, int]]:
-    if key.granularity is not RecomputeGranularity.none:
+    if key.granularity is not RecomputeGranularity.none or not key.ordered_overlap:
         # the forward ops, the layer input and the extras are the same under every recompute granularity
-        # (only the replayed graph differs): one layer graph answers for all three
-        return _saved_bytes(model, replace(key, granularity=RecomputeGranularity.none))
+        # (only the replayed graph differs) and whatever order the backward's collectives run in: one layer
+        # graph answers for all
+        return _saved_bytes(model, replace(key, granularity=RecomputeGranularity.none, ordered_overlap=True))
     graph = layer_graph(model, key)
     layer = tuple(graph.activation_bytes(g) for g in RecomputeGranularity)
     return layer, (_embedding_extras(model, key).activation_bytes(), _output_extras(model, key).activation_bytes())

@@ -81,7 +81,8 @@ class LayerKey:
         common = (plan.tensor_parallel_size, plan.sequence_parallel, plan.micro_batch_size, plan.precision,
                   plan.use_flash_attention, plan.recompute.granularity, plan.fp8_format is not None,
                   plan.grad_bytes, plan.tp_comm_overlap, plan.context_parallel_size, plan.cp_comm_type,
-                  plan.collectives_issued_in_order)
+                  # the order only matters to TP's collectives: one key (and graph) for every TP 1 plan
+                  plan.collectives_issued_in_order or plan.tensor_parallel_size == 1)
         if not moe:  # a dense layer does not depend on the expert layout: one graph for every EP
             return LayerKey(*common)
         return LayerKey(*common, True, plan.expert_model_parallel_size, plan.expert_tp_size,

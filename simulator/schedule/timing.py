@@ -235,12 +235,21 @@ def _layer_times(model: ModelSpec, key: LayerKey, cost: OpCoster) -> LayerTimes:
     return LayerTimes(fwd.steady_s, bwd_only.steady_s, both.steady_s - bwd_only.steady_s, fwd, both, bwd_only)
 
 
-@lru_cache(maxsize=4096)
 def _forward_and_backward(model: ModelSpec, key: LayerKey, cost: OpCoster) -> tuple[PhaseTimeline, PhaseTimeline]:
     """The forward and the backward alone, played once for every recompute granularity: they are the same
     graphs under each (only the replay before the backward differs)."""
-    layer = layer_graph(model, key)
-    return play([layer.forward], cost), play([layer.backward], cost, backward=(True,))
+    return _forward(model, replace(key, ordered_overlap=True), cost), _backward(model, key, cost)
+
+
+@lru_cache(maxsize=4096)
+def _forward(model: ModelSpec, key: LayerKey, cost: OpCoster) -> PhaseTimeline:
+    """The forward alone: the CUDA work queues' order of collectives and GEMMs is the backward's alone."""
+    return play([layer_graph(model, key).forward], cost)
+
+
+@lru_cache(maxsize=4096)
+def _backward(model: ModelSpec, key: LayerKey, cost: OpCoster) -> PhaseTimeline:
+    return play([layer_graph(model, key).backward], cost, backward=(True,))
 
 
 def layer_times(job: Job, profile=None, cost: OpCoster | None = None, moe: bool = False) -> LayerTimes:

@@ -160,15 +160,15 @@ class ParallelPlan(BaseModel):
         """A plan naming the work queues Megatron's launch sets anyway is the plan that names none."""
         if not isinstance(data, dict) or data.get("cuda_device_max_connections") is None:
             return data
+        sizes = (data["cuda_device_max_connections"], data.get("tensor_parallel_size", 1),
+                 data.get("context_parallel_size", 1))
+        if any(type(x) is not int for x in sizes):
+            return data  # the field validators name the bad value
         sharding = data.get("data_parallel_sharding_strategy")
         fsdp = getattr(sharding, "value", sharding) in (DataParallelSharding.optim_grads.value,
                                                         DataParallelSharding.optim_grads_params.value)
-        try:
-            split = int(data.get("tensor_parallel_size", 1)) * int(data.get("context_parallel_size", 1)) > 1
-            queues = int(data["cuda_device_max_connections"])
-        except (TypeError, ValueError):
-            return data  # the field validators name the bad value
-        if queues == (8 if fsdp or not split else 1):
+        queues, tp, cp = sizes
+        if queues == (8 if fsdp or tp * cp == 1 else 1):
             return {k: v for k, v in data.items() if k != "cuda_device_max_connections"}
         return data
 
