@@ -5,9 +5,9 @@ data-parallel state is sharded, the pipeline schedule, the precision, context an
 (Kernel choices such as fused attention are not among them: their costs come from per-kernel
 measurements, not from the end-to-end runs.) ``python -m calibration.fit_band`` predicts every measured run in the repository and
 writes, per GPU kind, which values of those features the measured runs covered, the best MFU any of
-them reached, and the band's half-width: the largest, over the measured sets, of each set's 90th
-percentile of |measured / predicted - 1| (split-conformal, with each set a calibration split, so that
-one large set cannot hide another's error). ``calibration/published/model_error_band.json`` holds the
+them reached, and the band's half-width: the largest, over the measured sets, of each set's split-conformal
+90% quantile of |measured / predicted - 1| (its ceil((n + 1) 0.9)-th smallest, with each set a calibration
+split, so that one large set cannot hide another's error). ``calibration/published/model_error_band.json`` holds the
 result, with the coverage of every set when it is left out of the fit.
 
 A plan with a feature no measured run on its GPU had, or a GPU no measured run used, is outside every

@@ -61,8 +61,8 @@ def registry_section(headline_job=None, headline_days: float | None = None) -> t
               "The band on every answer is the wider, on each side, of two things: the model's error on the measured "
               "runs of the plan's regime, and the unpinned profile constants at the ends of their declared ranges "
               "(`simulator/estimator/band.py`). The first is fitted by `" + table["command"] + "`: per GPU kind, the "
-              "largest over its measured sets of each set's 90th percentile of |measured / predicted - 1|, each set "
-              "a calibration split of its own. A plan outside what the measured runs covered (a sharding, schedule, "
+              "largest over its measured sets of each set's split-conformal 90% quantile of |measured / predicted - 1| "
+              "(the ceil((n + 1) 0.9)-th smallest of its n runs), each set a calibration split of its own. A plan outside what the measured runs covered (a sharding, schedule, "
               f"precision, context or expert parallelism none of them had, another GPU, an MFU above the best "
               f"measured) gets the widest half-width times {OUTSIDE_WIDENING:g}, and the reasons are printed with "
               "it. Each set's coverage of the model-error part alone, fitted with and without the set "
@@ -112,7 +112,9 @@ def _host_fit_left_out(data: dict) -> list[str]:
     table = json.loads(path.read_text(encoding="utf-8"))
     lines = ["", "The profile's `host` constants are the only ones fitted to end-to-end runs. Fitted to every A100 set "
              f"but one, each set weighing the same (`{table['command']}`), and judged on the one left out, against no "
-             "host block at all:", "",
+             "host block at all. Each constant has a prior (eager PyTorch's 5-25 us an op or collective call, no host "
+             "work beyond the ops) it leaves only where a set's errors say so, so sets bound by the GPU leave the "
+             "constants near it:", "",
              "| set left out | fitted on | mean abs. error without | with | bias without | with |", "|---|---|---|---|---|---|"]
     for row in table["rows"]:
         w, wo = row["with"], row["without"]

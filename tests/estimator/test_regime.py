@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from simulator.estimator.band import band, estimate_with_band
 from simulator.estimator.prediction import estimate
@@ -61,6 +65,17 @@ def test_the_band_holds_the_answer_and_names_its_regime_in_the_estimate():
     assert est.validation_regime is None and est.outside_regime_reasons
     inside = estimate_with_band(vtrain_job(64, 512, 4, 3072, 32, 30, 2048, 2, 32, 1))
     assert inside.validation_regime is not None and inside.outside_regime_reasons == ()
+
+
+@given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=80))
+def test_the_conformal_quantile_covers_at_least_its_level_of_the_runs_it_came_from(scores):
+    """Split conformal's quantile is an order statistic of the scores, and at least 90% of them (all of a set of
+    fewer than nine) lie at or below it: never an interpolation short of that."""
+    from calibration.fit_band import conformal_quantile
+
+    q = conformal_quantile(scores)
+    assert q in scores
+    assert sum(x <= q for x in scores) >= min(len(scores), math.ceil(0.9 * (len(scores) + 1)))
 
 
 def test_every_set_is_covered_when_it_is_left_out():
