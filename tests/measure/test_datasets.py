@@ -48,7 +48,7 @@ def test_single_node_set_little_work_per_gpu(vtrain):
     assert runs == 576 and abs(bias) <= 0.10
 
 
-@pytest.mark.xfail(strict=True, reason="TP 8 runs are 15% slower than the model in every cell, host-bound or not; "
+@pytest.mark.xfail(strict=True, reason="TP 8 runs are 14% slower than the model in every cell, host-bound or not; "
                                        "no mechanism found yet (see reports/README.md section 7)")
 def test_single_node_set_tp8(vtrain):
     _, bias, runs = vtrain.subsets["tp"][8]
