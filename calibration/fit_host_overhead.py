@@ -54,13 +54,16 @@ PARAMETERS = (
 
 
 # (centre, width), seconds: eager PyTorch's 5-25 us per op (hardware.md, host-side cost) for an op and for a
-# collective call; no host work beyond the ops for the rest, within a width of tens of eager ops' worth
+# collective call. The rest are centred on no host work beyond the ops, as wide as what they stand for: a
+# pipeline exchange synchronizes the device, so the host re-fills an empty queue after it (up to a
+# millisecond); a micro-batch's data, masks and loss are tens of eager calls; the optimizer's bookkeeping
+# and gradient-norm sync, hundreds
 PRIORS = {
     "op_s": (15e-6, 10e-6),
     "collective_s": (15e-6, 10e-6),
-    "pipeline_exchange_s": (0.0, 100e-6),
-    "micro_batch_s": (0.0, 500e-6),
-    "iteration_s": (0.0, 5e-3),
+    "pipeline_exchange_s": (0.0, 1e-3),
+    "micro_batch_s": (0.0, 1e-3),
+    "iteration_s": (0.0, 10e-3),
 }
 PRIOR_WEIGHT = 0.01  # a one-width move weighs as much as this relative error over a whole set
 
