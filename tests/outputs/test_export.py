@@ -186,6 +186,11 @@ def test_environment():
     many = job_from_options(model="gpt3-1.3b", gpus=8, tensor_parallel_size=2, cuda_device_max_connections=8)
     assert not many.plan.collectives_issued_in_order and tp.plan.collectives_issued_in_order
     assert any("CUDA_DEVICE_MAX_CONNECTIONS=8" in n for n in megatron_notes(many))
+    # the launch printed for a plan with its own queues reads back to them, and to the same prediction
+    back = round_trip(many)
+    assert back.plan.cuda_device_max_connections == 8 and simulate_job(back).estimate == simulate_job(many).estimate
+    script = "export CUDA_DEVICE_MAX_CONNECTIONS=4\ntorchrun pretrain_gpt.py --tensor-model-parallel-size 2\n"
+    assert parse_launch(script).get("p.cuda_device_max_connections") == 4
 
 
 def test_nodes_multiply_to_the_gpu_count(jobs):
