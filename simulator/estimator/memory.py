@@ -161,7 +161,7 @@ def _state_bytes(parameters: int, plan: ParallelPlan, group: int | None = None,
     d, level = (group if group is not None else plan.gradient_group_size), plan.sharding
     if level is not DataParallelSharding.no_shard:
         optimizer = -(-optimizer // d)
-    if level in (DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params):
+    if level.megatron_fsdp:
         grads = -(-grads // d)
     if level is DataParallelSharding.optim_grads_params:
         weights = -(-weights // d)

@@ -35,8 +35,6 @@ from simulator.spec.errors import ConfigError
 from simulator.spec.model import Normalization, PositionEmbedding
 from simulator.spec.plan import DataParallelSharding, Job, PipelineSchedule, Precision, RecomputeGranularity
 
-# The sharding levels Megatron runs with Megatron-FSDP; `optim` is the distributed optimizer itself.
-FSDP_LEVELS = (DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params)
 MEGATRON_VOCAB_MULTIPLE = 128  # --make-vocab-size-divisible-by's default
 
 
@@ -55,7 +53,7 @@ def vocab_multiple(job: Job) -> int:
 
 
 def uses_megatron_fsdp(job: Job) -> bool:
-    return job.plan.sharding in FSDP_LEVELS
+    return job.plan.sharding.megatron_fsdp
 
 
 def layout_string(job: Job) -> str | None:

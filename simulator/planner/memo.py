@@ -47,7 +47,8 @@ from simulator.schedule.stage_work import (
     stage_work,
 )
 from simulator.schedule.timing import cost_model_for, extra_times
-from simulator.spec.plan import DataParallelSharding, Job, ParallelPlan, PipelineSchedule
+from simulator.spec.parallel_plan import megatron_work_queues
+from simulator.spec.plan import Job, ParallelPlan, PipelineSchedule
 
 
 def peak_stages(job: Job) -> tuple[int, ...]:
@@ -256,6 +257,6 @@ class SearchMemo:
 
 def _layer(c: Candidate) -> tuple:
     """What the candidate's layer graphs depend on (``layers.LayerKey``, less the request's fields; with TP,
-    whether Megatron-FSDP's CUDA work queues let the GEMMs overtake the collectives before them)."""
-    fsdp = c.sharding in (DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params)
-    return c.t, c.cp, c.sp, c.mbs, c.recompute.granularity, c.ep, c.etp, c.t > 1 and fsdp
+    whether the CUDA work queues Megatron's launch sets let the GEMMs overtake the collectives before them)."""
+    ordered = c.t == 1 or megatron_work_queues(c.sharding, c.t, c.cp) == 1
+    return c.t, c.cp, c.sp, c.mbs, c.recompute.granularity, c.ep, c.etp, ordered

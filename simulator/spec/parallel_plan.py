@@ -23,6 +23,13 @@ from simulator.spec.plan_types import (
     StateDtype,
 )
 
+
+def megatron_work_queues(sharding: DataParallelSharding, tensor_parallel_size: int, context_parallel_size: int) -> int:
+    """CUDA_DEVICE_MAX_CONNECTIONS as Megatron's launch sets it: CUDA's default of 8 under Megatron-FSDP (which
+    asserts it) or without TP and CP, else 1, so each collective is issued before the GEMM it overlaps."""
+    return 8 if sharding.megatron_fsdp or tensor_parallel_size * context_parallel_size == 1 else 1
+
+
 # the dtypes Megatron's arguments.py lets each flag take
 _STATE_DTYPE_CHOICES = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
                         "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
@@ -164,11 +171,12 @@ class ParallelPlan(BaseModel):
                  data.get("context_parallel_size", 1))
         if any(type(x) is not int for x in sizes):
             return data  # the field validators name the bad value
-        sharding = data.get("data_parallel_sharding_strategy")
-        fsdp = getattr(sharding, "value", sharding) in (DataParallelSharding.optim_grads.value,
-                                                        DataParallelSharding.optim_grads_params.value)
+        try:
+            sharding = DataParallelSharding(data.get("data_parallel_sharding_strategy"))
+        except ValueError:  # none given (the distributed optimizer's level is no FSDP either), or a bad one
+            sharding = DataParallelSharding.no_shard
         queues, tp, cp = sizes
-        if queues == (8 if fsdp or tp * cp == 1 else 1):
+        if queues == megatron_work_queues(sharding, tp, cp):
             return {k: v for k, v in data.items() if k != "cuda_device_max_connections"}
         return data
 
@@ -213,9 +221,7 @@ class ParallelPlan(BaseModel):
         """CUDA_DEVICE_MAX_CONNECTIONS as the job runs: given, or as Megatron's launch sets it."""
         if self.cuda_device_max_connections is not None:
             return self.cuda_device_max_connections
-        if self.sharding in (DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params):
-            return 8
-        return 1 if self.tensor_parallel_size > 1 or self.context_parallel_size > 1 else 8
+        return megatron_work_queues(self.sharding, self.tensor_parallel_size, self.context_parallel_size)
 
     @property
     def collectives_issued_in_order(self) -> bool:

@@ -86,6 +86,11 @@ class DataParallelSharding(str, Enum):
     optim_grads = "optim_grads"  # and the gradients (ZeRO-2)
     optim_grads_params = "optim_grads_params"  # and the parameters (ZeRO-3, FSDP)
 
+    @property
+    def megatron_fsdp(self) -> bool:
+        """Whether Megatron runs this level as Megatron-FSDP (``optim`` is the distributed optimizer itself)."""
+        return self in (DataParallelSharding.optim_grads, DataParallelSharding.optim_grads_params)
+
 
 class MoEDispatcher(str, Enum):
     """Megatron's --moe-token-dispatcher-type."""
