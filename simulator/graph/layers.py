@@ -257,13 +257,21 @@ def transformer_layer(model: ModelSpec, plan: ParallelPlan, moe: bool = False) -
 
 @lru_cache(maxsize=1024)
 def layer_graph(model: ModelSpec, key: LayerKey) -> LayerGraph:
+    # The forward is the same under every recompute granularity and whatever order the backward's
+    # collectives take, and the backward is the same under every granularity (only the replay before it
+    # differs): keys that differ only there share those graphs, built once.
+    plain = replace(key, granularity=RecomputeGranularity.none)
+    if key != plain:
+        base = layer_graph(model, plain)
+        return replace(base, recompute=_recompute(base.forward, key.granularity))
     dm = _dims(model, key)
     modules = layer_modules(model, key, dm)
-    fwd = build_forward(modules).graph
+    in_order = replace(key, ordered_overlap=True)
+    fwd = layer_graph(model, in_order).forward if key != in_order else build_forward(modules).graph
     return LayerGraph(
         forward=fwd,
         backward=build_backward(modules).graph,
-        recompute=_recompute(fwd, key.granularity),
+        recompute=nx.DiGraph(),
         input_bytes=dm.local_tokens * dm.h * dm.ab,
     )
 

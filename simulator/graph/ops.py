@@ -162,9 +162,15 @@ def ordered_ops(graph: nx.DiGraph) -> list[Op]:
     """
     order = graph.graph.get("order")
     if order is None:
-        index = nx.get_node_attributes(graph, "index")
-        order = graph.graph["order"] = tuple(
-            graph.nodes[n]["op"] for n in nx.lexicographical_topological_sort(graph, key=lambda n: index[n]))
+        nodes = graph.nodes
+        index = {n: d["index"] for n, d in nodes(data=True)}
+        if all(index[u] < index[v] for u, v in graph.edges):
+            # every edge runs from an earlier op to a later one (as GraphBuilder adds them): the order by
+            # index is then the one the lexicographical sort would give, without its heap
+            names = sorted(index, key=index.__getitem__)
+        else:
+            names = nx.lexicographical_topological_sort(graph, key=index.__getitem__)
+        order = graph.graph["order"] = tuple(nodes[n]["op"] for n in names)
     return list(order)
 
 

@@ -2,7 +2,22 @@
 
 import pytest
 
-from simulator.graph.layers import FP32_BYTES, OpKind, embedding_extras, ordered_ops, output_extras, transformer_layer
+import networkx as nx
+
+from simulator.graph.layers import (
+    FP32_BYTES,
+    LayerKey,
+    OpKind,
+    _dims,
+    embedding_extras,
+    layer_graph,
+    layer_modules,
+    ordered_ops,
+    output_extras,
+    transformer_layer,
+)
+from simulator.graph.modules import build_backward, build_forward
+from simulator.graph.ops import GraphBuilder, Op
 from simulator.spec.catalog import PRESETS
 from simulator.spec.model import ModelSpec
 from simulator.spec.plan import ParallelPlan, Precision
@@ -116,19 +131,50 @@ def test_fused_softmax_needs_whole_blocks_of_score_matrices():
                           expert_tensor_parallel_size=1, attention_backend="auto")),
 ])
 def test_only_the_replayed_graph_depends_on_the_recompute_granularity(name, layout):
-    """The memory model reads one granularity's graphs for all three, and the time model plays one
-    forward and one backward for all three: each needs the rest of the layer to be the same under each."""
+    """The memory model reads one granularity's graphs for all three, the time model plays one forward and
+    one backward for all three, and ``layer_graph`` builds them once for all three: each needs the rest of
+    the layer, built afresh from its modules, to be the same under each. The forward is also the same
+    whatever order the backward's collectives take (CUDA's work queues)."""
     model = PRESETS[name]
     moe = model.is_moe
 
-    def layer(granularity):
-        p = ParallelPlan(global_batch_size=8, recompute={"granularity": granularity}, **layout)
-        return transformer_layer(model, p, moe), embedding_extras(model, p), output_extras(model, p)
+    def built(granularity, queues=None):
+        p = ParallelPlan(global_batch_size=8, recompute={"granularity": granularity},
+                         cuda_device_max_connections=queues, **layout)
+        key = LayerKey.of(p, moe)
+        modules = layer_modules(model, key, _dims(model, key))
+        return (build_forward(modules).graph, build_backward(modules).graph), layer_graph(model, key), \
+            embedding_extras(model, p), output_extras(model, p)
 
-    none, *others = (layer(g) for g in ("none", "selective", "full"))
+    def same(ga, gb):
+        return ordered_ops(ga) == ordered_ops(gb) and set(ga.edges) == set(gb.edges)
+
+    none, *others = (built(g) for g in ("none", "selective", "full"))
+    queued = built("full", queues=8)
     for other in others:
-        for a, b in zip(none, other):
-            for graph in ("forward", "backward"):
-                ga, gb = getattr(a, graph), getattr(b, graph)
-                assert ordered_ops(ga) == ordered_ops(gb) and set(ga.edges) == set(gb.edges)
-        assert none[0].input_bytes == other[0].input_bytes
+        assert same(none[0][0], other[0][0]) and same(none[0][1], other[0][1])
+        for a, b in zip(none[2:], other[2:]):
+            assert same(a.forward, b.forward) and same(a.backward, b.backward)
+        assert none[1].input_bytes == other[1].input_bytes
+    assert same(none[0][0], queued[0][0])
+    for fresh, cached, *_ in (none, *others, queued):  # the cached graphs are the built ones
+        assert same(fresh[0], cached.forward) and same(fresh[1], cached.backward)
+
+
+def test_ops_come_in_the_lexicographic_topological_order_of_their_indices():
+    """``ordered_ops`` takes the order by index where every edge runs forward in it; that must be the
+    order networkx's lexicographical topological sort gives, and a graph with an edge running backward
+    in index order still gets that sort's order."""
+    layer = transformer_layer(GPT3, plan(sequence_parallel=True, recompute={"granularity": "selective"}))
+    for graph in (layer.forward, layer.backward, layer.recompute):
+        index = nx.get_node_attributes(graph, "index")
+        expected = [graph.nodes[n]["op"] for n in nx.lexicographical_topological_sort(graph, key=index.get)]
+        assert ordered_ops(graph) == expected
+
+    b = GraphBuilder()
+    first, second, third = (Op(n, OpKind.elementwise) for n in ("first", "second", "third"))
+    b.add(first, after=())
+    b.add(second, after=())
+    b.add(third, after=())
+    b.graph.add_edge("third", "second")  # a dependency against the order the ops were added in
+    assert [op.name for op in ordered_ops(b.graph)] == ["first", "third", "second"]
