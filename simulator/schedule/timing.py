@@ -145,19 +145,18 @@ def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | 
     for graph, is_backward in zip(graphs, backward):
         end: dict[str, float] = {}
         cold_end: dict[str, float] = {}
-        for op in ordered_ops(graph):
-            name, stream = op.name, op.stream
-            preds = tuple(graph.predecessors(name))
+        for op, name, stream, preds in _schedule(graph):
             t = step_time(op)
             host = host_time(op, is_backward) if host_time is not None else 0.0
             if asynchronous:
-                ready = max((end[p] for p in preds), default=t0)
-                start = max(ready, stream_free[stream])
+                ready = max([end[p] for p in preds]) if preds else t0
+                free = stream_free[stream]
+                start = ready if ready >= free else free
                 if op.host_sync:  # the host waits until the device has run everything issued so far
                     issued = max(issued, *cold_free.values())
                     synced = True
                 issued += host
-                cold_start = max(max((cold_end[p] for p in preds), default=cold_t0), cold_free[stream], issued)
+                cold_start = max(max([cold_end[p] for p in preds]) if preds else cold_t0, cold_free[stream], issued)
             else:  # one thread: every op after the previous one, and after its own issue
                 start = max(stream_free.values())
                 cold_start = max(cold_free.values()) + host
@@ -166,9 +165,9 @@ def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | 
             end[name] = finish
             stream_free[stream] = finish
             intervals.append(OpInterval(name, stream, start, finish))
-            cold_end[name] = cold_start + t
-            cold_free[stream] = cold_start + t
-            cold_overlap.append(OpInterval(name, stream, cold_start, cold_start + t))
+            cold_end[name] = cold_finish = cold_start + t
+            cold_free[stream] = cold_finish
+            cold_overlap.append(OpInterval(name, stream, cold_start, cold_finish))
             flops += op.flops
         t0 = max(stream_free.values())
         cold_t0 = max(cold_free.values())
@@ -181,14 +180,31 @@ def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | 
                          issued, max(cold + slow * _overlap_s(cold_overlap), issued), asynchronous, synced)
 
 
+def _schedule(graph: nx.DiGraph) -> tuple:
+    """(op, name, stream, predecessors) of each op of ``graph`` in play order, kept on the graph beside its order
+    (graphs are never changed once built, and each is played under many cost models)."""
+    steps = graph.graph.get("schedule")
+    if steps is None:
+        steps = graph.graph["schedule"] = tuple((op, op.name, op.stream, tuple(graph.predecessors(op.name)))
+                                                for op in ordered_ops(graph))
+    return steps
+
+
 def _overlap_s(intervals: list[OpInterval]) -> float:
-    """Total time during which both streams are busy (each stream's intervals never overlap)."""
+    """Total time during which both streams are busy. Each stream's intervals never overlap and come in
+    the order they start, so a compute interval that ends before one collective starts ends before every
+    later one: a single pass adds the overlapping pairs, collective by collective, as a double loop would."""
     comp = [(iv.start_s, iv.end_s) for iv in intervals if iv.stream is Stream.compute]
     comm = [(iv.start_s, iv.end_s) for iv in intervals if iv.stream is Stream.tp_comm]
     total = 0.0
+    first = 0
     for a0, a1 in comm:
-        for b0, b1 in comp:
-            if b0 < a1 and a0 < b1:
+        while first < len(comp) and comp[first][1] <= a0:
+            first += 1
+        for b0, b1 in comp[first:]:
+            if b0 >= a1:
+                break
+            if a0 < b1:
                 total += min(a1, b1) - max(a0, b0)
     return total
 
