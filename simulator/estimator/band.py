@@ -16,12 +16,14 @@ constants as long as each acts the same way at any setting of the others.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.cost.profile import HardwareProfile
 from simulator.estimator.regime import Regime, regime_of
+from simulator.graph.layers import LayerKey, OpKind, layer_graph, ordered_ops
 from simulator.schedule.screen import screen
 from simulator.schedule.timing import cost_model_for
 from simulator.spec.plan import Job
@@ -66,17 +68,44 @@ def corners(job: Job, profile=None, top: int = 5) -> Corners:
     """Screen each unpinned constant at both ends of its range; return the two corner profiles."""
     base_profile = _profile(job, profile)
     base = screen(job, base_profile)
-    return corners_by(base_profile, lambda path, end: screen(job, base_profile.with_value(path, end)) / base - 1, top)
+    return corners_by(base_profile, lambda path, end: screen(job, base_profile.with_value(path, end)) / base - 1, top,
+                      unread_constants(job))
 
 
-def corners_by(base_profile: HardwareProfile, change: Callable[[str, float], float], top: int = 5) -> Corners:
+def unread_constants(job: Job) -> tuple[str, ...]:
+    """The profile's constants (a path, or a block's prefix) that costing ``job`` never reads, so that moving
+    them cannot move its answer: the FP8 GEMM block without an FP8 GEMM in its layers, the fused-attention
+    block without a fused attention kernel, the pipeline exchange's host time with a single stage."""
+    plan = job.plan
+    keys = (LayerKey.of(plan), LayerKey.of(plan, moe=True)) if job.model.is_moe else (LayerKey.of(plan),)
+    return _unread(job.model, keys, plan.pipeline_parallel_size > 1)
+
+
+@lru_cache(maxsize=1024)
+def _unread(model, keys: tuple[LayerKey, ...], pipelined: bool) -> tuple[str, ...]:
+    ops = [op for key in keys for g in (layer_graph(model, key).forward, layer_graph(model, key).backward)
+           for op in ordered_ops(g)]
+    unread = []
+    if not any(op.gemm is not None and op.gemm.fp8 for op in ops):
+        unread.append("gemm_fp8.")
+    if not any(op.kind is OpKind.flash_attention for op in ops):
+        unread.append("attention.")
+    if not pipelined:
+        unread.append("host.pipeline_exchange_s")
+    return tuple(unread)
+
+
+def corners_by(base_profile: HardwareProfile, change: Callable[[str, float], float], top: int = 5,
+               unread: tuple[str, ...] = ()) -> Corners:
     """The corners of one answer, given ``change(path, end)``: the relative change of its iteration time with
-    the constant at ``path`` moved to ``end`` (and every other constant at its value)."""
+    the constant at ``path`` moved to ``end`` (and every other constant at its value). A constant in
+    ``unread`` (``unread_constants``) changes nothing, so it is not screened."""
     fast, slow, drivers = base_profile, base_profile, []
     for path, value, low, high in base_profile.unpinned():
         changes = []
+        skip = any(path == u or (u.endswith(".") and path.startswith(u)) for u in unread)
         for end in (low, high):
-            changes.append(0.0 if end == value else change(path, end))
+            changes.append(0.0 if end == value or skip else change(path, end))
         at_low, at_high = changes
         fast_end, slow_end = (low, high) if at_low <= at_high else (high, low)
         if fast_end != value:

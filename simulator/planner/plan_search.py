@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simulator.estimator.band import Band, banded, corners_by, widened
+from simulator.estimator.band import Band, banded, corners_by, unread_constants, widened
 from simulator.estimator.goodput import effective_iteration_time_s
 from simulator.estimator.prediction import Estimate, simulate_job
 from simulator.planner.memo import SearchMemo, peak_bytes
@@ -168,10 +168,10 @@ def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: lis
     rows = []
     for est, cand, layout in ranked:
         t, base = est.iteration_time_s, cand.screen_time_s
-        own = corners_by(base_profile, lambda path, end: screen_at(base_profile.with_value(path, end), cand, layout)
-                         / base - 1)
-        fast, slow = (t * screen_at(c, cand, layout) / base for c in (own.fast, own.slow))
         job = Job.model_construct(model=req.model, cluster=req.cluster, plan=cand.plan)
+        own = corners_by(base_profile, lambda path, end: screen_at(base_profile.with_value(path, end), cand, layout)
+                         / base - 1, unread=unread_constants(job))
+        fast, slow = (t * screen_at(c, cand, layout) / base for c in (own.fast, own.slow))
         low, high, regime = widened(job, t, est.mfu, min(t, fast, slow), max(t, fast, slow))
         b = Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=own.drivers, regime=regime)
         rows.append((_rank_key(req, job, t, high), banded(est, b), cand, layout, own))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from simulator.cost.profile import default_profile
-from simulator.estimator.band import band, corners, estimate_with_band
+from simulator.estimator.band import band, corners, corners_by, estimate_with_band, unread_constants
 from simulator.estimator.prediction import estimate
+from simulator.schedule.screen import screen
+from simulator.schedule.timing import cost_model_for
 from simulator.spec.catalog import PRESETS
 from simulator.spec.hardware import load_cluster
 from simulator.spec.plan import Job, ParallelPlan
@@ -87,3 +89,24 @@ def _get(profile, path):
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+@pytest.mark.parametrize("cluster,plan", [
+    ("dgx-a100-80gb", dict(tensor_parallel_size=4, pipeline_parallel_size=1, data_parallel_size=2,
+                           attention_backend="unfused")),
+    ("dgx-h100", dict(tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=4, fp8_format="hybrid")),
+])
+def test_constants_a_plan_never_reads_move_none_of_its_band(cluster, plan):
+    """The band skips the screens of constants the plan's cost never reads; screening them anyway must give
+    the same corners and drivers (each of their changes is nought)."""
+    job = Job(model=PRESETS["gpt3-13b"], cluster=load_cluster(cluster),
+              plan=ParallelPlan(micro_batch_size=1, global_batch_size=64, **plan))
+    unread = unread_constants(job)
+    assert unread, "each of these plans leaves a block unread (FP8 GEMMs, fused attention or the exchange)"
+    base_profile = cost_model_for(job, None).profile
+    base = screen(job, base_profile)
+
+    def change(path, end):
+        return screen(job, base_profile.with_value(path, end)) / base - 1
+
+    assert corners_by(base_profile, change, unread=unread) == corners_by(base_profile, change)
