@@ -195,6 +195,11 @@ def _layer_saved_bytes(model: ModelSpec, plan: ParallelPlan, moe: bool = False) 
     return _saved_bytes(model, LayerKey.of(plan, moe))[0]
 
 
+def layer_saved_bytes(model: ModelSpec, key: LayerKey) -> tuple[int, int, int]:
+    """``_layer_saved_bytes`` of the layer ``key`` describes."""
+    return _saved_bytes(model, key)[0]
+
+
 def _extras_saved_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
     """Bytes the first stage's embedding and the last stage's output layer save for one micro-batch."""
     return _saved_bytes(model, LayerKey.of(plan))[1]
@@ -234,7 +239,16 @@ def chunk_activations(job: Job, layers: int | tuple[tuple[bool, int], ...]) -> t
 @lru_cache(maxsize=16384)
 def _chunk_activations(model: ModelSpec, key: LayerKey, policy, runs: tuple[tuple[bool, int], ...],
                        moe_key: LayerKey | None = None) -> tuple[int, int]:
-    saved = {moe: _saved_bytes(model, key if moe == key.moe else moe_key)[0] for moe in {m for m, _ in runs}}
+    per_kind = {moe: _saved_bytes(model, key if moe == key.moe else moe_key)[0] for moe in {m for m, _ in runs}}
+    return chunk_activations_of(per_kind, policy, runs)
+
+
+def chunk_activations_of(per_kind: dict[bool, tuple[int, int, int]], policy,
+                         runs: tuple[tuple[bool, int], ...]) -> tuple[int, int]:
+    """``chunk_activations`` from what one layer of each kind in ``runs`` saves (``per_kind[moe]``: its bytes
+    under no, selective and full recompute, as the layer graph gives them): arithmetic only, for a search
+    that asks it of many chunks of the same layers."""
+    saved = {moe: per_kind[moe] for moe in {m for m, _ in runs}}
     n = sum(k for _, k in runs)
     if not saved:
         return 0, 0

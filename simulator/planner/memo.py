@@ -25,9 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.estimator.memory import (
+    chunk_activations_of,
     extra_activations,
-    heaviest_chunk_activations,
     in_flight_chunks,
+    layer_saved_bytes,
     stage_peak_bytes,
     stage_state,
     stage_totals,
@@ -103,7 +104,7 @@ class SearchMemo:
         self._keys: dict[tuple, tuple] = {}
         # memory: bundles, and the parts they are made of
         self._activations, self._states = {}, {}
-        self._state, self._chunk, self._in_flight, self._extras = {}, {}, {}, {}
+        self._state, self._chunk, self._in_flight, self._extras, self._saved = {}, {}, {}, {}, {}
         # the screen: bundles, and the parts they are made of
         self._all_steps, self._all_comm, self._send = {}, {}, {}
         self._layers, self._forward, self._backward, self._comm = {}, {}, {}, {}
@@ -170,9 +171,15 @@ class SearchMemo:
         key = (layer, policy, shape.activation_layers[s])
         chunk = self._chunk.get(key)
         if chunk is None:
-            dense, moe = self._layer_keys(c)
-            chunk = self._chunk[key] = heaviest_chunk_activations(self.model, dense, moe, c.recompute,
-                                                                  shape.activation_layers[s])
+            per_kind = self._saved.get(layer)
+            if per_kind is None:
+                dense, moe = self._layer_keys(c)
+                per_kind = self._saved[layer] = {False: layer_saved_bytes(self.model, dense),
+                                                 **({True: layer_saved_bytes(self.model, moe)} if moe else {})}
+            chunks = shape.activation_layers[s]
+            chunk = self._chunk[key] = (max(chunk_activations_of(per_kind, c.recompute, runs) for runs in chunks)
+                                        if self.model.is_moe else
+                                        chunk_activations_of(per_kind, c.recompute, ((False, chunks),)))
         key = (s, c.p, m, c.v)
         chunks = self._in_flight.get(key)
         if chunks is None:
