@@ -189,15 +189,13 @@ def _sharding_buffers(parameters: int, job: Job, stage: int) -> int:
 # --- activations ---------------------------------------------------------------------------------
 
 
-def _layer_saved_bytes(model: ModelSpec, plan: ParallelPlan, moe: bool = False) -> tuple[int, int, int]:
-    """Bytes one layer (``moe``: an MoE layer) saves for one micro-batch: (no recompute, selective, full =
-    its input)."""
-    return _saved_bytes(model, LayerKey.of(plan, moe))[0]
-
-
-def layer_saved_bytes(model: ModelSpec, key: LayerKey) -> tuple[int, int, int]:
-    """``_layer_saved_bytes`` of the layer ``key`` describes."""
-    return _saved_bytes(model, key)[0]
+def layer_saved_bytes(model: ModelSpec, key: LayerKey, moe_key: LayerKey | None = None) -> dict:
+    """What one layer of each kind saves for one micro-batch: ``[moe]`` -> (no recompute, selective, full =
+    its input), the MoE kind (``moe_key``) only for a mixture-of-experts model."""
+    per_kind = {False: _saved_bytes(model, key)[0]}
+    if moe_key is not None:
+        per_kind[True] = _saved_bytes(model, moe_key)[0]
+    return per_kind
 
 
 def _extras_saved_bytes(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
@@ -245,9 +243,7 @@ def _chunk_activations(model: ModelSpec, key: LayerKey, policy, runs: tuple[tupl
 
 def chunk_activations_of(per_kind: dict[bool, tuple[int, int, int]], policy,
                          runs: tuple[tuple[bool, int], ...]) -> tuple[int, int]:
-    """``chunk_activations`` from what one layer of each kind in ``runs`` saves (``per_kind[moe]``: its bytes
-    under no, selective and full recompute, as the layer graph gives them): arithmetic only, for a search
-    that asks it of many chunks of the same layers."""
+    """``chunk_activations`` from what one layer of each kind in ``runs`` saves (``layer_saved_bytes``)."""
     saved = {moe: per_kind[moe] for moe in {m for m, _ in runs}}
     n = sum(k for _, k in runs)
     if not saved:
@@ -319,9 +315,15 @@ def heaviest_chunk_activations(model: ModelSpec, key: LayerKey, moe_key: LayerKe
                                chunks: int | tuple) -> tuple[int, int]:
     """``stage_chunk_activations`` from its parts: ``chunks`` is the stage's largest chunk (a dense model) or
     its chunks' runs (an MoE model, whose MoE layers have ``moe_key``)."""
-    if moe_key is not None:  # chunks of a stage may hold different kinds of layers: the heaviest sets the peak
-        return max(_chunk_activations(model, key, policy, runs, moe_key) for runs in chunks)
-    return _chunk_activations(model, key, policy, ((False, chunks),))
+    return heaviest_chunk_of(layer_saved_bytes(model, key, moe_key), policy, chunks)
+
+
+def heaviest_chunk_of(per_kind: dict, policy, chunks: int | tuple) -> tuple[int, int]:
+    """``heaviest_chunk_activations`` from what each kind of layer saves (``layer_saved_bytes``): arithmetic
+    only, for a search that asks it of many chunks of the same layers."""
+    if True in per_kind:  # chunks of a stage may hold different kinds of layers: the heaviest sets the peak
+        return max(chunk_activations_of(per_kind, policy, runs) for runs in chunks)
+    return chunk_activations_of(per_kind, policy, ((False, chunks),))
 
 
 def stage_extra_activations(job: Job, stage: int) -> int:

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.estimator.memory import (
-    chunk_activations_of,
     extra_activations,
+    heaviest_chunk_of,
     in_flight_chunks,
     layer_saved_bytes,
     stage_peak_bytes,
@@ -173,13 +173,8 @@ class SearchMemo:
         if chunk is None:
             per_kind = self._saved.get(layer)
             if per_kind is None:
-                dense, moe = self._layer_keys(c)
-                per_kind = self._saved[layer] = {False: layer_saved_bytes(self.model, dense),
-                                                 **({True: layer_saved_bytes(self.model, moe)} if moe else {})}
-            chunks = shape.activation_layers[s]
-            chunk = self._chunk[key] = (max(chunk_activations_of(per_kind, c.recompute, runs) for runs in chunks)
-                                        if self.model.is_moe else
-                                        chunk_activations_of(per_kind, c.recompute, ((False, chunks),)))
+                per_kind = self._saved[layer] = layer_saved_bytes(self.model, *self._layer_keys(c))
+            chunk = self._chunk[key] = heaviest_chunk_of(per_kind, c.recompute, shape.activation_layers[s])
         key = (s, c.p, m, c.v)
         chunks = self._in_flight.get(key)
         if chunks is None:
