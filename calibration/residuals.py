@@ -21,7 +21,9 @@ scales with. This prints, from the published A100 profile and the development se
   micro-batch costs outside the layers (embedding, output layer, loss, its data); b0 what a layer
   costs once per iteration (its gradients' data-parallel reduction and its optimizer step); a0 the
   rest of the iteration. A miss in one term and not the others says which part of the model to
-  look at.
+  look at. Beside b1, the model's floor for it: the layer's compute-stream ops one after another,
+  tensor-core ops at the GEMM block's ceiling, the rest as modelled. A measured b1 below the floor
+  cannot be met by faster GEMMs alone.
 - vTrain multi-node: the missing time per iteration of the single-stage runs, by hidden size and TP
   (and so by how many data-parallel groups share a node's NICs, 8 / TP), which is constant across
   micro-batch sizes if it is a per-iteration cost.
@@ -47,6 +49,7 @@ from simulator.measure.datasets import VTRAIN_MULTI_NODE, VTRAIN_SINGLE_NODE, Da
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "published" / "residuals.json"
 ALL_REDUCES_PER_LAYER = 6  # no SP, full recompute: 2 forward + 2 recomputed forward + 2 backward
+TENSOR_CORE_KINDS = ("gemm", "batched_gemm", "flash_attention")
 
 
 def _rows(data: DataSet, profile=None, plan_update: dict | None = None) -> list[tuple]:
@@ -139,6 +142,36 @@ def layer_sweep(rows: list[tuple]) -> dict:
     return out
 
 
+def compute_floors(rows: list[tuple], sweep: dict) -> dict:
+    """For each (hidden size, TP, micro-batch) of the layer sweep, the least time the model could give one layer's
+    forward, recompute and backward for one micro-batch: the compute stream's ops one after another (it runs one
+    kernel at a time), every tensor-core op at the GEMM block's ceiling (MAMF's best shape, which no shape beats)
+    and every other op as modelled; collectives and the host left out. A measured per-layer term below it says
+    that the runs replayed less than the model does or that their memory-bound kernels ran faster than modelled,
+    whatever the GEMMs did."""
+    from simulator.graph.layers import LayerKey, OpKind, layer_graph, ordered_ops
+    from simulator.schedule.timing import cost_model_for
+
+    jobs = {}
+    for run, _ in rows:
+        p, m = run.job.plan, run.job.model
+        jobs.setdefault(f"h{m.hidden_size} tp{p.tensor_parallel_size} mbs{p.micro_batch_size}", run.job)
+    out = {}
+    for key, terms in sweep.items():
+        job = jobs[key]
+        cost = cost_model_for(job, None)
+        ceiling = cost.peak_flops * cost.profile.gemm.ceiling_efficiency
+        layer = layer_graph(job.model, LayerKey.of(job.plan))
+        floor_s = sum(op.flops / ceiling if op.kind.value in TENSOR_CORE_KINDS else cost.step_op_time_s(op)
+                      for graph in (layer.forward, layer.recompute, layer.backward) for op in ordered_ops(graph)
+                      if op.kind is not OpKind.collective)
+        measured = terms["per_layer_per_micro_batch_ms"]["measured"]
+        out[key] = {"compute_floor_ms": floor_s * 1e3, "measured_ms": measured,
+                    "predicted_ms": terms["per_layer_per_micro_batch_ms"]["predicted"],
+                    "measured_below_floor": bool(measured < floor_s * 1e3)}
+    return out
+
+
 def multi_node(rows: list[tuple]) -> dict:
     missing = defaultdict(list)
     for run, predicted in rows:
@@ -214,11 +247,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     sets = _a100_sets()
     rows = {data.key: _rows(data) for data in sets}  # each set predicted once, for every table below
+    sweep = layer_sweep(rows[VTRAIN_SINGLE_NODE.key])
     result = {
         "command": "python -m calibration.residuals",
         "sets": {key: _errors(r) for key, r in rows.items()},
-        "vtrain-single-node": {**single_node(rows[VTRAIN_SINGLE_NODE.key]),
-                               "layer_sweep": layer_sweep(rows[VTRAIN_SINGLE_NODE.key])},
+        "vtrain-single-node": {**single_node(rows[VTRAIN_SINGLE_NODE.key]), "layer_sweep": sweep,
+                               "layer_compute_floor": compute_floors(rows[VTRAIN_SINGLE_NODE.key], sweep)},
         "vtrain-multi-node-dev": multi_node(rows[VTRAIN_MULTI_NODE.key]),
         "what_if": what_ifs(sets),
     }
@@ -243,6 +277,12 @@ def main(argv: list[str] | None = None) -> None:
             f"{t[name]['measured']:6.2f} / {t[name]['predicted']:6.2f}"
             for name in ("per_layer_per_micro_batch_ms", "outside_layers_per_micro_batch_ms",
                          "per_layer_per_iteration_ms")))
+    print("vTrain single-node, one layer per micro-batch (ms): measured against the model's compute floor (tensor-core "
+          "ops at the ceiling, the rest as modelled); where the measurement lies below it:")
+    for key, f in result["vtrain-single-node"]["layer_compute_floor"].items():
+        if f["measured_below_floor"]:
+            print(f"  {key:18s} measured {f['measured_ms']:6.2f} < floor {f['compute_floor_ms']:6.2f} "
+                  f"(predicted {f['predicted_ms']:6.2f})")
     print("vTrain multi-node, single-stage runs, missing time per iteration (s):")
     for key, s in result["vtrain-multi-node-dev"]["missing_s_per_iteration_single_stage"].items():
         print(f"  {key:20s} {s['mean']:+.2f} (range {s['min']:+.2f} to {s['max']:+.2f}, {s['runs']} runs)")

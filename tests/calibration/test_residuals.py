@@ -90,3 +90,19 @@ def test_the_layer_sweep_leaves_out_what_sweeps_one_dimension_only():
                           if r.job.plan.tensor_parallel_size == 8}) == 1
     table = residuals.layer_sweep([(r, r.measured_s) for r in one_m if r.job.plan.tensor_parallel_size == 8])
     assert table == {}
+
+
+def test_the_compute_floor_never_exceeds_the_models_own_layer_time():
+    """The floor takes each tensor-core op at the ceiling no GEMM of the model passes and leaves out the host and
+    the collectives, so the model's own time for one layer and micro-batch (the predicted b1 of the sweep) can
+    never be below it; a measurement is flagged exactly where it lies below the floor."""
+    from simulator.estimator.prediction import estimate
+
+    rows = [(run, estimate(run.job).iteration_time_s) for run in VTRAIN_SINGLE_NODE.runs()
+            if run.job.plan.pipeline_parallel_size == 1 and run.job.plan.tensor_parallel_size in (1, 8)]
+    sweep = residuals.layer_sweep(rows)
+    floors = residuals.compute_floors(rows, sweep)
+    assert floors and set(floors) == set(sweep)
+    for key, f in floors.items():
+        assert 0 < f["compute_floor_ms"] <= f["predicted_ms"] * (1 + 1e-6), key
+        assert f["measured_below_floor"] == (f["measured_ms"] < f["compute_floor_ms"])
