@@ -169,6 +169,16 @@ def _layer_sweep(data: dict) -> list[str]:
             cells.append(f"{_pct(sum(e for e, _ in v) / len(v))} ({sum(s for _, s in v) / len(v):.0%})" if v else "-")
         lines.append(f"| {tp} | " + " | ".join(cells) + " |")
     data["layer_sweep"] = sweep
+    floors = _residuals().get("vtrain-single-node", {}).get("layer_compute_floor", {})
+    below = {key: f for key, f in floors.items() if f["measured_below_floor"]}
+    if below:
+        lines += ["", "Where the measured per-layer term lies below the model's own floor for it (the layer's compute "
+                  "kernels one after another, every tensor-core op at the GEMM block's ceiling, the rest as modelled), "
+                  "faster GEMMs alone cannot close the gap: those runs replayed less than the model does, or their "
+                  "memory-bound kernels ran faster than modelled. " + "; ".join(
+                      f"{key}: measured {f['measured_ms']:.2f} ms, floor {f['compute_floor_ms']:.2f} ms, predicted "
+                      f"{f['predicted_ms']:.2f} ms" for key, f in below.items()) + "."]
+        data["layer_compute_floor"] = floors
     return lines
 
 

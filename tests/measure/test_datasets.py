@@ -112,3 +112,8 @@ def test_the_report_shows_where_in_an_iteration_the_single_node_error_sits():
         terms = [t["per_layer_per_micro_batch_ms"] for t in sweep.values() if t["tensor_parallel_size"] == tp]
         errors, shares = [t["signed_error"] for t in terms], [t["share_of_measured"] for t in terms]
         assert f"{sum(errors) / len(errors) * 100:+.1f}% ({sum(shares) / len(shares):.0%})" in row
+    floors = json.loads((resources.files("calibration") / "published" / "residuals.json").read_text())[
+        "vtrain-single-node"]["layer_compute_floor"]
+    text = "\n".join(lines)
+    for key, f in floors.items():  # a group below the model's floor is named, with both times; no other is
+        assert (f"{key}: measured {f['measured_ms']:.2f} ms" in text) == f["measured_below_floor"]
