@@ -49,7 +49,6 @@ from simulator.measure.datasets import VTRAIN_MULTI_NODE, VTRAIN_SINGLE_NODE, Da
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "published" / "residuals.json"
 ALL_REDUCES_PER_LAYER = 6  # no SP, full recompute: 2 forward + 2 recomputed forward + 2 backward
-TENSOR_CORE_KINDS = ("gemm", "batched_gemm", "flash_attention")
 
 
 def _rows(data: DataSet, profile=None, plan_update: dict | None = None) -> list[tuple]:
@@ -149,6 +148,7 @@ def compute_floors(rows: list[tuple], sweep: dict) -> dict:
     and every other op as modelled; collectives and the host left out. A measured per-layer term below it says
     that the runs replayed less than the model does or that their memory-bound kernels ran faster than modelled,
     whatever the GEMMs did."""
+    from simulator.cost import TENSOR_CORE_KINDS
     from simulator.graph.layers import LayerKey, OpKind, layer_graph, ordered_ops
     from simulator.schedule.timing import cost_model_for
 
@@ -162,7 +162,7 @@ def compute_floors(rows: list[tuple], sweep: dict) -> dict:
         cost = cost_model_for(job, None)
         ceiling = cost.peak_flops * cost.profile.gemm.ceiling_efficiency
         layer = layer_graph(job.model, LayerKey.of(job.plan))
-        floor_s = sum(op.flops / ceiling if op.kind.value in TENSOR_CORE_KINDS else cost.step_op_time_s(op)
+        floor_s = sum(op.flops / ceiling if op.kind in TENSOR_CORE_KINDS else cost.step_op_time_s(op)
                       for graph in (layer.forward, layer.recompute, layer.backward) for op in ordered_ops(graph)
                       if op.kind is not OpKind.collective)
         measured = terms["per_layer_per_micro_batch_ms"]["measured"]

@@ -24,9 +24,9 @@ from simulator.spec.hardware import ClusterSpec
 from simulator.spec.plan import Precision
 
 FP8_BYTES = 1
-_TENSOR_CORE_KINDS = (OpKind.gemm, OpKind.batched_gemm, OpKind.flash_attention)
+TENSOR_CORE_KINDS = (OpKind.gemm, OpKind.batched_gemm, OpKind.flash_attention)  # run on the tensor cores
 
-__all__ = ["CostModel", "Group", "build_cost_model", "gemm_efficiency", "gemm_time_s"]
+__all__ = ["TENSOR_CORE_KINDS", "CostModel", "Group", "build_cost_model", "gemm_efficiency", "gemm_time_s"]
 
 
 def _peak_flops(cluster: ClusterSpec, precision: Precision) -> float:
@@ -86,7 +86,7 @@ class CostModel:
 
     def _op_time_s(self, op: Op) -> float:
         t = self._kernel_time_s(op)
-        return t * self.tensor_core_scale if op.kind in _TENSOR_CORE_KINDS else t
+        return t * self.tensor_core_scale if op.kind in TENSOR_CORE_KINDS else t
 
     def _kernel_time_s(self, op: Op) -> float:
         p, gpu = self.profile, self.cluster.gpu

@@ -170,6 +170,8 @@ def _layer_sweep(data: dict) -> list[str]:
         lines.append(f"| {tp} | " + " | ".join(cells) + " |")
     data["layer_sweep"] = sweep
     floors = _residuals().get("vtrain-single-node", {}).get("layer_compute_floor", {})
+    if floors:
+        data["layer_compute_floor"] = floors
     below = {key: f for key, f in floors.items() if f["measured_below_floor"]}
     if below:
         lines += ["", "Where the measured per-layer term lies below the model's own floor for it (the layer's compute "
@@ -178,7 +180,6 @@ def _layer_sweep(data: dict) -> list[str]:
                   "memory-bound kernels ran faster than modelled. " + "; ".join(
                       f"{key}: measured {f['measured_ms']:.2f} ms, floor {f['compute_floor_ms']:.2f} ms, predicted "
                       f"{f['predicted_ms']:.2f} ms" for key, f in below.items()) + "."]
-        data["layer_compute_floor"] = floors
     return lines
 
 
