@@ -88,7 +88,7 @@ def launch_json(job, save_interval: int | None = None, async_save: bool = False)
     return {"megatron_args": megatron_args(job, save_interval, async_save), "megatron_env": megatron_env(job),
             "megatron_notes": megatron_notes(job), "nemo_yaml": nemo_yaml(job),
             "transformer_config": transformer_config(job), "ddp_config": ddp_config(job),
-            "gpt_model": gpt_model_args(job), "bridge_recipe": bridge_recipe(job)}
+            "gpt_model": gpt_model_args(job), "bridge_recipe": bridge_recipe(job, save_interval, async_save)}
 
 
 def render_launch_text(job, save_interval: int | None = None, async_save: bool = False) -> str:
@@ -259,7 +259,7 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
         if show_launch == "bridge":
             from simulator.outputs.bridge import bridge_recipe
 
-            click.echo("\nMegatron-Bridge recipe:\n" + bridge_recipe(job))
+            click.echo("\nMegatron-Bridge recipe:\n" + bridge_recipe(job, interval, settings.async_save))
         elif show_launch:
             click.echo(render_launch_text(job, interval, settings.async_save))
         if trace_path is not None:

@@ -7,7 +7,9 @@ communication overlap. Everything the simulation assumed is in it, under the nam
 Megatron-Bridge read, from the same exported values as the Megatron-LM launch
 (``simulator.outputs.export``): Megatron-FSDP as megatron-core's own ``use_megatron_fsdp`` with its
 sharding strategy and the ``fsdp_dtensor`` checkpoint format it requires, never PyTorch FSDP.
-The learning rate, data and iteration count are the user's and are marked as such.
+The learning rate, data and iteration count are the user's and are marked as such. Run as a script, the
+recipe hands its config to Bridge's ``pretrain`` with Bridge's GPT ``forward_step``, as Bridge's own recipe
+scripts do; the checkpoint interval and asynchronous save are the plan's, as in its Megatron-LM launch.
 """
 
 from __future__ import annotations
@@ -91,22 +93,43 @@ def _call(name: str, kwargs: dict[str, Any], indent: str) -> str:
     return f"{name}(\n" + "\n".join(lines) + f"\n{indent})"
 
 
-def bridge_recipe(job: Job) -> str:
-    """The recipe as a Python module: ``pretrain_config()`` returns the job's ``ConfigContainer``; run it with
-    Megatron-Bridge's ``pretrain(pretrain_config(), forward_step)`` under torchrun on the nodes it states."""
+# Iterations between saves when the plan has no interval of its own (no --tokens, no --save-interval)
+PLACEHOLDER_SAVE_INTERVAL = 1000
+
+
+def checkpoint_kwargs(job: Job, save_interval: int | None = None, async_save: bool = False) -> dict[str, Any]:
+    """``CheckpointConfig`` keyword arguments: the plan's save interval (``simulator.estimator.goodput``) and
+    asynchronous save, the same as its Megatron-LM launch's ``--save-interval`` and ``--async-save``."""
+    out: dict[str, Any] = {"save_interval": save_interval if save_interval is not None else PLACEHOLDER_SAVE_INTERVAL,
+                           "save": "checkpoints",
+                           "ckpt_format": "fsdp_dtensor" if uses_megatron_fsdp(job) else "torch_dist"}
+    if async_save and not uses_megatron_fsdp(job):  # Bridge saves fsdp_dtensor checkpoints synchronously only
+        out["async_save"] = True
+    return out
+
+
+def bridge_recipe(job: Job, save_interval: int | None = None, async_save: bool = False) -> str:
+    """The recipe as a Python module: ``pretrain_config()`` returns the job's ``ConfigContainer``, and run as a
+    script under torchrun on the nodes it states it calls Megatron-Bridge's
+    ``pretrain(config=pretrain_config(), forward_step_func=forward_step)``. ``save_interval`` and ``async_save``
+    are the plan's checkpoint settings, as ``megatron_args`` takes them."""
     p, m = job.plan, job.model
     nodes, per_node = node_shape(job)
     ddp = ddp_config(job)
     notes = [n for n in megatron_notes(job) if "vocabulary" not in n]
-    checkpoint = {"save_interval": 1000, "save": "checkpoints", "ckpt_format": "fsdp_dtensor" if uses_megatron_fsdp(job)
-                  else "torch_dist"}
+    if async_save and uses_megatron_fsdp(job):
+        notes.append("Megatron-Bridge saves asynchronously in the torch_dist format only, and Megatron-FSDP needs "
+                     "fsdp_dtensor: the plan's asynchronous save is left out, so each save blocks for its write")
+    checkpoint = checkpoint_kwargs(job, save_interval, async_save)
+    own = "checkpoint path" if save_interval is not None else "checkpoint path and interval"
+    placeholders = f"The learning rate, schedule, data, iterations and {own} are placeholders: set your own."
     overlap = {"tp_comm_overlap": p.tp_comm_overlap}
     head = [
         f'"""Megatron-Bridge recipe for {m.name} on {job.num_gpus} x {job.cluster.gpu.name} ({nodes} nodes of '
         f"{per_node}), as simulated.",
         "",
         f"Run: torchrun --nnodes {nodes} --nproc-per-node {per_node} this_file.py (with megatron-bridge installed).",
-        "The learning rate, schedule, data, iterations and checkpoint path are placeholders: set your own.",
+        placeholders,
         *(f"Note: {n}." for n in notes),
         '"""',
         "",
@@ -116,7 +139,9 @@ def bridge_recipe(job: Job) -> str:
         "from megatron.bridge.training.comm_overlap import CommOverlapConfig",
         "from megatron.bridge.training.config import (CheckpointConfig, ConfigContainer, GPTDatasetConfig, LoggerConfig,",
         "                                             RNGConfig, SchedulerConfig, TokenizerConfig, TrainingConfig)",
+        "from megatron.bridge.training.gpt_step import forward_step",
         "from megatron.bridge.training.mixed_precision import MixedPrecisionConfig",
+        "from megatron.bridge.training.pretrain import pretrain",
         "from megatron.core.distributed import DistributedDataParallelConfig",
         "from megatron.core.optimizer import OptimizerConfig",
         "from megatron.core.transformer.enums import AttnBackend",
@@ -143,5 +168,9 @@ def bridge_recipe(job: Job) -> str:
         "        comm_overlap=" + _call("CommOverlapConfig", overlap, "        ") + ",",
         "        mixed_precision=" + _call("MixedPrecisionConfig", mixed_precision_kwargs(job), "        ") + ",",
         "    )",
+        "",
+        "",
+        'if __name__ == "__main__":',
+        "    pretrain(config=pretrain_config(), forward_step_func=forward_step)",
     ]
     return "\n".join(head) + "\n"
