@@ -107,13 +107,15 @@ class GoodputEstimate(BaseModel):
 
     model_config = FINITE
 
-    ideal_days: float = Field(description="Iterations x iteration time: no failure, no checkpoint.")
+    ideal_days: float = Field(description="Iterations x iteration time: no failure, no checkpoint (at least one "
+                                          "iteration: Megatron runs whole ones).")
     expected_days: float = Field(description="The mean with failures, saves and restarts (closed form).")
     expected_days_low: float = Field(description="... with every declared constant (failure rates, restart, storage) "
                                                  "and the iteration time at the ends of their ranges that shorten it.")
     expected_days_high: float | None = Field(
         description="... that lengthen it; None when there the run would take more than "
-                    f"{limits.MAX_SLOWDOWN_BY_FAILURES:g} times its ideal days (it fails faster than it restarts).")
+                    f"{limits.MAX_SLOWDOWN_BY_FAILURES:g} times its days without interruptions (it fails faster "
+                    "than it restarts).")
     p10_days: float | None = Field(None, description="The simulation's 10th percentile; None when not simulated.")
     p50_days: float | None = None
     p90_days: float | None = None
@@ -266,15 +268,25 @@ def renewal_of(job: Job, data: Reliability, cost: CheckpointCost, iteration_time
                    restart_s=restart_s(job, data, iteration_time_s, cost.load_s, end))
 
 
-def _refuse_if_endless(job: Job, r: Renewal, expected_s: float, ideal_s: float) -> None:
-    if expected_s <= limits.MAX_SLOWDOWN_BY_FAILURES * ideal_s:
+def _without_interruptions(r: Renewal) -> Renewal:
+    return r.model_copy(update=dict(unplanned_per_s=0.0, planned_per_s=0.0))
+
+
+def _endless(expected_s: float, free_s: float) -> bool:
+    """Failures stretch the run past the limit. Measured against the run without interruptions (compute and
+    saves), not its compute alone: a run shorter than one save is long beside its compute, never endless."""
+    return expected_s > limits.MAX_SLOWDOWN_BY_FAILURES * free_s
+
+
+def _refuse_if_endless(job: Job, r: Renewal, expected_s: float, free_s: float) -> None:
+    if not _endless(expected_s, free_s):
         return
     mtbf_min = 1 / max(r.unplanned_per_s, r.planned_per_s, 1e-300) / 60
     raise EndlessRunError(
         f"{job.num_gpus:,} GPUs are interrupted every {mtbf_min:.3g} minutes on average, while a restart takes "
         f"{r.restart_s / 60:.3g} and a save {r.blocking_save_s / 60:.3g} minutes, so the run would take more than "
-        f"{limits.MAX_SLOWDOWN_BY_FAILURES:g} times its {ideal_s / SECONDS_PER_DAY:.3g} ideal days; use fewer GPUs, "
-        "a larger --mtbf-gpu-hours or faster storage")
+        f"{limits.MAX_SLOWDOWN_BY_FAILURES:g} times its {free_s / SECONDS_PER_DAY:.3g} days without interruptions; "
+        "use fewer GPUs, a larger --mtbf-gpu-hours or faster storage")
 
 
 def _split(r: Renewal, k: int, expected_s: float) -> TimeSplit:
@@ -302,24 +314,27 @@ def goodput(job: Job, est: Estimate, settings: GoodputSettings | None = None,
     data = settings.reliability(job.cluster.reliability)
     storage = settings.storage(job.cluster.storage)
     T = est.iteration_time_s
-    iterations = est.tokens / (job.plan.global_batch_size * job.model.seq_length)
+    batch_tokens = job.plan.global_batch_size * job.model.seq_length
+    # Megatron runs whole iterations: fewer tokens than one global batch still take one
+    iterations = max(1.0, est.tokens / batch_tokens)
     cost = checkpoint_cost(job, storage, settings.async_save)
     r = renewal_of(job, data, cost, T, iterations)
     k = settings.save_interval if settings.save_interval is not None else r.best_interval()
     k = min(k, max(1, math.ceil(iterations)))
     ideal_s = iterations * T
     expected_s = r.expected_s(k)
-    _refuse_if_endless(job, r, expected_s, ideal_s)
+    _refuse_if_endless(job, r, expected_s, _without_interruptions(r).expected_s(k))
     corners = []
     for end, t in (("low", est.iteration_time_s_low or T), ("high", est.iteration_time_s_high or T)):
         c = checkpoint_cost(job, storage, settings.async_save, end)
-        corners.append(renewal_of(job, data, c, t, iterations, end).expected_s(k) / SECONDS_PER_DAY)
+        corner = renewal_of(job, data, c, t, iterations, end)
+        corners.append((corner.expected_s(k), _without_interruptions(corner).expected_s(k)))
+    (low_s, _), (high_s, high_free_s) = corners
     unplanned, planned = r.unplanned_per_s, r.planned_per_s
     out = dict(
         ideal_days=ideal_s / SECONDS_PER_DAY, expected_days=expected_s / SECONDS_PER_DAY,
-        expected_days_low=min(corners[0], expected_s / SECONDS_PER_DAY),
-        expected_days_high=(max(corners[1], expected_s / SECONDS_PER_DAY)
-                            if corners[1] * SECONDS_PER_DAY <= limits.MAX_SLOWDOWN_BY_FAILURES * ideal_s else None),
+        expected_days_low=min(low_s, expected_s) / SECONDS_PER_DAY,
+        expected_days_high=max(high_s, expected_s) / SECONDS_PER_DAY if not _endless(high_s, high_free_s) else None,
         ettr=ideal_s / expected_s, interruptions_per_day=(unplanned + planned) * SECONDS_PER_DAY,
         unplanned_interruptions_per_day=unplanned * SECONDS_PER_DAY,
         job_mtbf_hours=1 / unplanned / 3600 if unplanned else None,
@@ -328,6 +343,9 @@ def goodput(job: Job, est: Estimate, settings: GoodputSettings | None = None,
         async_save=settings.async_save, checkpoint=cost, restart_s=r.restart_s,
         checkpoint_overhead=(r.segment_s(k) - k * T) / (k * T), spare_nodes=settings.spare_nodes,
         split=_split(r, k, expected_s), seed=settings.seed)
+    if est.tokens < batch_tokens:
+        out["note"] = (f"{est.tokens:.3g} tokens are fewer than one global batch's {batch_tokens:,}: the run is "
+                       "taken as one iteration")
     if simulate:
         from simulator.estimator.goodput_sim import simulate_run
 
@@ -338,6 +356,9 @@ def goodput(job: Job, est: Estimate, settings: GoodputSettings | None = None,
         else:
             out.update(p10_days=sim.p10_days, p50_days=sim.p50_days, p90_days=sim.p90_days,
                        simulated_mean_days=sim.mean_days, simulated_runs=sim.runs)
+            if sim.chunks_per_run > 1:
+                out["note"] = (f"the run is too long to play whole: each of the {sim.runs} simulated runs plays "
+                               f"1/{sim.chunks_per_run:.3g} of it, its days scaled to the whole run")
     return GoodputEstimate(**out)
 
 
@@ -359,5 +380,5 @@ def effective_iteration_time_s(job: Job, iteration_time_s: float, settings: Good
     r = renewal_of(job, data, cost, iteration_time_s, 1e12)
     k = settings.save_interval if settings.save_interval is not None else r.best_interval()
     per_iteration = r.expected_segment_s(k) / k * r.planned_stretch()
-    _refuse_if_endless(job, r, per_iteration, iteration_time_s)
+    _refuse_if_endless(job, r, per_iteration, _without_interruptions(r).segment_s(k) / k)
     return per_iteration

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from simulator.estimator.goodput import (
+    EndlessRunError,
     GoodputSettings,
     Renewal,
     checkpoint_bytes,
@@ -187,3 +188,71 @@ def test_a_hot_spare_pool_with_slow_repairs_costs_days(llama3):
     free = goodput(job, est, GoodputSettings(runs=20))
     none = goodput(job, est, GoodputSettings(runs=20, spare_nodes=0))
     assert none.p50_days > free.p50_days
+
+
+# --- runs at the ends of the length range --------------------------------------------------------
+
+
+def _long_run(days: float) -> Renewal:
+    return Renewal(iteration_time_s=4.0, iterations=days * 86400 / 4.0, unplanned_per_s=16384 / 50_000 / 3600,
+                   planned_per_s=0.0, blocking_save_s=30.0, durable_lag_s=0.0, restart_s=330.0)
+
+
+def _played(sim) -> float:
+    """Interruptions the simulation played over all its runs (a chunked run plays a fraction of its own)."""
+    return sim.runs * sim.interruptions_per_run / sim.chunks_per_run
+
+
+def test_what_the_simulation_plays_is_bounded_whatever_the_run_length():
+    played = []
+    for days in (30, 3_000, 20_000):
+        r = _long_run(days)
+        sim = simulate_run(r, r.best_interval(), ((1.0, False, False, 0.0),), GoodputSettings())
+        played.append(_played(sim))
+    assert max(played) <= 400_000, played  # the event budget, with room for the draws' spread
+    assert played[2] <= 1.5 * played[1], played  # seven times longer plays no more
+
+
+def test_a_run_played_in_chunks_keeps_the_closed_form_mean_and_its_seed():
+    r = _long_run(3_000)  # some 30,000 interruptions: more than the budget's fewest runs can play whole
+    k = r.best_interval()
+    sim = simulate_run(r, k, ((1.0, False, False, 0.0),), GoodputSettings(seed=3))
+    assert sim.chunks_per_run > 1
+    assert sim.mean_days == pytest.approx(r.expected_s(k) / 86400, rel=0.02)
+    assert sim.p10_days < sim.p50_days < sim.p90_days
+    # the sum of many chunks spreads by the square root of their number: a few percent at most
+    assert (sim.p90_days - sim.p10_days) / sim.mean_days < 0.05
+    again = simulate_run(r, k, ((1.0, False, False, 0.0),), GoodputSettings(seed=3))
+    assert again == sim
+
+
+def test_saves_longer_than_compute_count_in_the_simulated_events():
+    # each save takes ten iterations' time: the run lasts ten times its compute, and sees ten times the failures
+    r = Renewal(iteration_time_s=1.0, iterations=3e9, unplanned_per_s=1 / 50_000 / 3600, planned_per_s=0.0,
+                blocking_save_s=100.0, durable_lag_s=0.0, restart_s=400.0)
+    sim = simulate_run(r, 10, ((1.0, False, False, 0.0),), GoodputSettings())
+    assert _played(sim) <= 400_000
+    assert sim.mean_days == pytest.approx(r.expected_s(10) / 86400, rel=0.02)
+
+
+def test_a_run_shorter_than_one_iteration_is_one_iteration(llama3):
+    job, est, _ = llama3
+    tiny = est.model_copy(update=dict(tokens=1e-12, training_days=1e-12 / est.tokens_per_s / 86400))
+    g = goodput(job, tiny, GoodputSettings(runs=3))
+    assert g.ideal_days == pytest.approx(est.iteration_time_s / 86400)
+    assert g.save_interval == 1 and 0 < g.ettr <= 1 and g.expected_days >= g.ideal_days
+    assert "one iteration" in g.note
+
+
+def test_a_run_whose_save_dwarfs_its_compute_is_long_not_endless(llama3):
+    # the limit on failures' stretch compares the run with itself without interruptions, saves included: ten
+    # iterations of 1 ms and a save of seconds take hundreds of times their compute, and finish
+    job, est, _ = llama3
+    fast = est.model_copy(update=dict(tokens=10 * 2048 * 8192.0, iteration_time_s=0.001, iteration_time_s_low=0.0009,
+                                      iteration_time_s_high=0.0011, training_days=0.01 / 86400))
+    for flags in ({}, {"async_save": True}):
+        g = goodput(job, fast, GoodputSettings(runs=3, **flags))
+        assert g.expected_days > 100 * g.ideal_days and g.expected_days_high is not None
+    # a job that fails faster than it restarts is still refused, and the sentence says so
+    with pytest.raises(EndlessRunError, match="interrupted every .* would take more than 100 times"):
+        goodput(job, est, GoodputSettings(mtbf_gpu_hours=10.0), simulate=False)
