@@ -10,12 +10,19 @@ failure may cut short; a planned stop saves first and loses nothing. With hot sp
 failed node is swapped for a spare, when one is free, and goes to repair, coming back to the pool after
 its component's repair time; with none free the job waits for the first repair.
 
+A run longer than the event budget's fewest runs can play is played in chunks: each starts and ends at a
+safe checkpoint, so the run is a sum of independent chunks, and its days are the chunk's mean and spread
+scaled (the mean by the number of chunks, the spread by its square root, the percentiles from the normal
+law the sum tends to). What the simulation costs is then bounded, whatever the run's length.
+
 Each run draws from its own stream of a ``numpy`` SeedSequence, so the same seed gives the same days.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 import simpy
@@ -25,6 +32,9 @@ from simulator.spec import limits
 SECONDS_PER_DAY = 86400.0
 _EVENT_BUDGET = 300_000  # interruptions the default number of runs plays: 1.5-2.5 s at 5-8 us each
 _MIN_RUNS, _MAX_RUNS = 40, 400
+# interruptions of one chunk of a long run: enough for its days to be near normal, few enough that the
+# default chunks (_MIN_RUNS of them) cost a fraction of a second
+_CHUNK_INTERRUPTIONS = 2_000
 _BATCH = 4096  # random numbers drawn at once
 
 
@@ -36,6 +46,7 @@ class SimulatedDays:
     mean_days: float
     runs: int
     interruptions_per_run: float
+    chunks_per_run: float = 1.0  # > 1: each run played as chunks of this fraction of it, the days scaled
 
 
 class _Draws:
@@ -114,16 +125,42 @@ def _repair(env: simpy.Environment, spares: simpy.Container, repair_s: float):
 
 def simulate_run(r, k: int, hardware: tuple[tuple[float, bool, bool, float], ...], settings) -> SimulatedDays | None:
     """Play the run ``settings.runs`` times (by default as many as the event budget allows); None when one
-    run alone would see more interruptions than the simulator plays (``limits.MAX_SIMULATED_INTERRUPTIONS``)."""
+    run alone would see more interruptions than the simulator plays (``limits.MAX_SIMULATED_INTERRUPTIONS``).
+    A run expected to see more interruptions than the budget's fewest runs allow is played as chunks of
+    whole segments and scaled (see the module's docstring)."""
     rate = r.unplanned_per_s + r.planned_per_s
-    ideal = r.iterations * r.iteration_time_s
-    expected = rate * ideal * 1.2 + 1
+    # the closed form's days where saves or failures stretch the run past a fifth over its compute
+    expected = rate * max(r.iterations * r.iteration_time_s * 1.2, r.expected_s(k)) + 1
     if expected > limits.MAX_SIMULATED_INTERRUPTIONS / 10:
         return None
     # a node's repair is a process of its own: with spares an interruption costs about four times as much
-    budget = _EVENT_BUDGET // (4 if settings.spare_nodes is not None else 1)
-    runs = settings.runs or int(min(_MAX_RUNS, max(_MIN_RUNS, budget // expected)))
-    runs = min(runs, max(1, int(limits.MAX_SIMULATED_INTERRUPTIONS // expected)))
+    cost = 4 if settings.spare_nodes is not None else 1
+    budget = _EVENT_BUDGET // cost
+    chunks = 1.0
+    if expected > budget / _MIN_RUNS:
+        chunk = _CHUNK_INTERRUPTIONS // cost
+        segments = max(1, math.floor(r.iterations / k * chunk / expected))
+        played = r.model_copy(update=dict(iterations=min(r.iterations, segments * k)))
+        chunks = r.iterations / played.iterations
+        runs = min(settings.runs or _MIN_RUNS, max(1, limits.MAX_SIMULATED_INTERRUPTIONS // chunk))
+    else:
+        played = r
+        runs = settings.runs or int(min(_MAX_RUNS, max(_MIN_RUNS, budget // expected)))
+        runs = min(runs, max(1, int(limits.MAX_SIMULATED_INTERRUPTIONS // expected)))
+    days, events = _play(played, k, hardware, settings, runs, rate)
+    if chunks == 1.0:
+        p10, p50, p90 = np.percentile(days, [10, 50, 90]).tolist()
+        mean = float(np.mean(days))
+    else:
+        mean = float(np.mean(days)) * chunks
+        spread = float(np.std(days, ddof=1)) * math.sqrt(chunks) if runs > 1 else 0.0
+        p10, p50, p90 = (mean + NormalDist().inv_cdf(q) * spread for q in (0.1, 0.5, 0.9))
+    return SimulatedDays(p10_days=p10, p50_days=p50, p90_days=p90, mean_days=mean, runs=runs,
+                         interruptions_per_run=events / runs * chunks, chunks_per_run=chunks)
+
+
+def _play(r, k: int, hardware, settings, runs: int, rate: float) -> tuple[list[float], int]:
+    """The days of ``runs`` seeded runs of ``r`` and the interruptions they saw together."""
     shares = np.array([h[0] for h in hardware]) if hardware else np.ones(1)
     cumulative = np.cumsum(shares) / shares.sum()
     parts = [(planned, replaces, repair) for _, planned, replaces, repair in hardware] or [(False, False, 0.0)]
@@ -138,6 +175,4 @@ def simulate_run(r, k: int, hardware: tuple[tuple[float, bool, bool, float], ...
         env.run()
         days.append(env.now / SECONDS_PER_DAY)
         events += tally["interruptions"]
-    p10, p50, p90 = np.percentile(days, [10, 50, 90]).tolist()
-    return SimulatedDays(p10_days=p10, p50_days=p50, p90_days=p90, mean_days=float(np.mean(days)), runs=runs,
-                         interruptions_per_run=events / runs)
+    return days, events
