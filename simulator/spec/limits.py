@@ -131,8 +131,9 @@ MAX_SPARE_NODES = MAX_GPUS
 """Hot spare nodes kept beside the job (``--spare-nodes``): no more than the GPUs of the largest job."""
 
 MAX_SLOWDOWN_BY_FAILURES = 100.0
-"""Expected days over ideal days past which a job is refused: it fails more often than it can restart and save,
-so it would almost never finish (the expectation grows as e^(restart / MTBF))."""
+"""Expected days over the days without interruptions (compute and saves) past which a job is refused: it fails
+more often than it can restart and save, so it would almost never finish (the expectation grows as
+e^(restart / MTBF))."""
 
 MAX_SIMULATED_INTERRUPTIONS = 2_000_000
 """Interruptions the simulation plays over all its runs (about 5 microseconds each); a job expected to see more
