@@ -67,7 +67,7 @@ def pareto_data(result: SearchResult, req: SearchRequest) -> dict[str, Any]:
                   short_layout(r.plan)] for r in result.plans]
     return {"kind": "pareto", "title": request_title(req), "capacity_gib": gib(req.cluster.gpu.memory_bytes),
             "columns": ["peak_gib", "tokens_per_s", "mfu", "iteration_time_s", "plan"], "plans": plans,
-            "front": front, "simulated": simulated, "best": layout(result.best.plan)}
+            "front": front, "simulated": simulated, "best": layout(result.best.plan), "rank_by": req.rank_by.value}
 
 
 def timeline_data(sim: Simulation, job: Job, steps: tuple[int, int] | None = None) -> dict[str, Any]:

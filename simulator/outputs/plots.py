@@ -28,6 +28,11 @@ TIMELINE_STYLE = {  # kind -> (colour, legend label, row offset, row height)
 }
 
 
+# what the search orders its plans by (``RankBy``), as a figure or a report says it
+RANKED_BY = {"upper": "the slow end of their band, not their predicted time",
+             "point": "their predicted time", "expected-days": "their expected days with failures"}
+
+
 def _pyplot():
     # Figures are always drawn off-screen (Agg); a backend named in the environment (MPLBACKEND)
     # is not consulted, so a bogus one cannot stop the import.
@@ -106,10 +111,12 @@ def pareto_figure(data: dict, path: Path) -> dict[str, Any]:
                  fontsize=6, family="monospace", va="top", transform=key.transAxes)
     if len(sim) > 1:
         ax.scatter([s[0] for s in sim[1:]], [s[1] for s in sim[1:]], marker="D", s=16, color="tab:green", zorder=4,
-                   label=f"next fastest, simulated ({len(sim) - 1})")
+                   label=f"next best, simulated ({len(sim) - 1})")
     best = sim[0]
+    # the search's order is not the plot's: a plan drawn above the star can have the shorter predicted time
     ax.scatter([best[0]], [best[1]], marker="*", s=160, color="tab:red", zorder=5,
-               label=f"best plan (simulated): {best[4]}, {best[3]:.2f} s, MFU {best[2]:.1%}")
+               label=f"best plan (simulated): {best[4]}, {best[3]:.2f} s, MFU {best[2]:.1%}\n"
+                     f"plans ranked by {RANKED_BY[data['rank_by']]}")
     ax.axvline(data["capacity_gib"], color="grey", ls="--", lw=1, label=f"GPU memory ({data['capacity_gib']:.0f} GiB)")
     ratio = plans[0][2] / plans[0][1]  # MFU per token/s: the same for every plan
     right = ax.secondary_yaxis("right", functions=(lambda y: 100 * y * ratio, lambda m: m / (100 * ratio)))
@@ -483,7 +490,8 @@ def moe_ep_figure(data: dict, path: Path) -> dict[str, Any]:
     plt = _pyplot()
     pts = data["points"]
     xs = range(len(pts))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.8))
+    # constrained layout keeps the three-line title (job, plan) above the panels rather than over them
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 4.2), layout="constrained")
     dispatch = [q["dispatch_s"] for q in pts]
     rest = [q["iteration_time_s"] - d for q, d in zip(pts, dispatch)]
     left.bar(xs, rest, color="tab:blue", label="rest of the iteration")

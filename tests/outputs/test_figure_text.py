@@ -1,6 +1,7 @@
-"""The five figures whose text ran together are read back as drawn: no two text boxes overlap (titles,
+"""The six figures whose text ran together are read back as drawn: no two text boxes overlap (titles,
 panel titles, tick labels, legend texts, point and cell labels), memory_breakdown's legend covers no bar,
-the TP x PP heat map's numbers contrast with their cells, and mfu_vs_gpus' labels stay off its line."""
+the TP x PP heat map's numbers contrast with their cells, mfu_vs_gpus' labels stay off its line, and
+moe_ep's title stands above its panels."""
 
 from __future__ import annotations
 
@@ -154,3 +155,18 @@ def test_scaling_labels_stay_off_the_lines(tmp_path, drawn):
                 for (x0, y0), (x1, y1) in zip(xy[:-1], xy[1:]):
                     assert not any(box.contains(x0 + f / 64 * (x1 - x0), y0 + f / 64 * (y1 - y0))
                                    for f in range(65)), (kind, text.get_text())
+
+
+def test_moe_ep_title_stands_clear_of_its_panels(tmp_path, drawn):
+    from simulator.outputs.report_moe import _job
+
+    fig = drawn("moe-ep", fd.moe_ep_data(_job(1)), tmp_path)
+    assert _overlaps(fig) == []
+    renderer = fig.canvas.get_renderer()
+    title = fig._suptitle.get_window_extent(renderer)
+    for ax in fig.axes:
+        # the title's lowest line sits above each panel: its frame and every text it draws
+        top = max([ax.get_window_extent(renderer).y1]
+                  + [t.get_window_extent(renderer).y1 for t in _axis_texts(ax) if t.get_visible() and t.get_text().strip()])
+        assert title.y0 >= top, "the figure's title runs into a panel"
+

@@ -222,3 +222,17 @@ def test_parity_draws_every_data_set_a_registry_declares(monkeypatch):
 def test_every_kind_is_drawable_from_a_plan_or_a_search():
     assert set(figures.KINDS) == set(figures.PLAN_KINDS) | set(figures.SEARCH_KINDS) | {"parity", "moe-ep"}
     assert set(figures.KINDS) == set(__import__("simulator.outputs.plots", fromlist=["FIGURES"]).FIGURES)
+
+
+def test_pareto_says_its_best_plan_is_ranked_as_the_search_ranks(tmp_path, searched):
+    """The star need not be the highest simulated point: its legend says what the search ranked by."""
+    from simulator.outputs.plots import RANKED_BY
+
+    req, result = searched
+    data = fd.pareto_data(result, req)
+    assert data["rank_by"] == req.rank_by.value == "upper"
+    for rank_by in ("upper", "point", "expected-days"):
+        legend = draw("pareto", {**data, "rank_by": rank_by}, tmp_path / "p.png")["axes"][0]["legend"]
+        star = next(text for text in legend if text.startswith("best plan"))
+        assert f"plans ranked by {RANKED_BY[rank_by]}" in star
+    assert "slow end of their band" in RANKED_BY["upper"]
