@@ -59,19 +59,52 @@ def page_data(result: SearchResult, req: SearchRequest, profile=None) -> dict[st
             "answer": answer(result, req)}
 
 
+def _expected(job: Job, est: Estimate, req: SearchRequest) -> dict[str, Any]:
+    """The best plan's days with failures, checkpoints and restarts and its ETTR, in closed form as `plan`
+    gives them (``simulator.estimator.goodput``); none without --tokens, and a note where the run would
+    fail faster than it restarts."""
+    from simulator.estimator.goodput import EndlessRunError, goodput
+
+    none = {"expected_days": None, "expected_days_low": None, "expected_days_high": None, "ettr": None,
+            "save_interval": req.goodput.save_interval, "goodput_note": ""}
+    if est.tokens is None:
+        return none
+    try:
+        g = goodput(job, est, req.goodput, simulate=False)
+    except EndlessRunError as exc:
+        return {**none, "goodput_note": f"no expected days: {exc}"}
+    return {"expected_days": g.expected_days, "expected_days_low": g.expected_days_low,
+            "expected_days_high": g.expected_days_high, "ettr": g.ettr, "save_interval": g.save_interval,
+            "goodput_note": ""}
+
+
 def answer(result: SearchResult, req: SearchRequest) -> dict[str, Any]:
-    """What the page says first, as `search` says it: the best plan, its time and days with their band, the
-    measured regime it lies in or why it lies outside every one, and the Megatron-LM launch that runs it."""
+    """What the page says first, as `search` says it: the best plan, its time and days with their band, its
+    expected days with failures, checkpoints and restarts and its ETTR, the measured regime it lies in or why
+    it lies outside every one, and the Megatron-LM launch that runs it (saving at the interval those days
+    assume)."""
     from simulator.outputs.export import render_launch
 
     best, est = result.best, result.best.estimate
     job = Job(model=req.model, cluster=req.cluster, plan=best.plan)
+    expected = _expected(job, est, req)
     return {"plan": layout(best.plan), "iteration_time_s": est.iteration_time_s,
             "iteration_time_s_low": best.iteration_time_s_low, "iteration_time_s_high": best.iteration_time_s_high,
             "mfu": est.mfu, "training_days": est.training_days, "training_days_low": est.training_days_low,
-            "training_days_high": est.training_days_high, "tokens": est.tokens,
+            "training_days_high": est.training_days_high, "tokens": est.tokens, **expected,
             "validation_regime": best.validation_regime, "outside_regime_reasons": list(best.outside_regime_reasons),
-            "validation_note": est.validation_note, "launch": render_launch(job)}
+            "validation_note": est.validation_note,
+            "launch": render_launch(job, save_interval=expected["save_interval"], async_save=req.goodput.async_save)}
+
+
+def _expected_html(a: dict[str, Any]) -> str:
+    """The expected days and ETTR beside the failure-free days, as one sentence."""
+    if a["expected_days"] is None:
+        return a["goodput_note"]
+    high = f"{a['expected_days_high']:.1f}" if a["expected_days_high"] is not None else "never finishing"
+    return (f"{a['expected_days']:.1f} expected days with failures, checkpoints and restarts "
+            f"(band {a['expected_days_low']:.1f}-{high} days), ETTR {100 * a['ettr']:.1f}%, "
+            f"saving every {a['save_interval']:,} iterations")
 
 
 def _answer_html(a: dict[str, Any]) -> list[str]:
@@ -81,13 +114,15 @@ def _answer_html(a: dict[str, Any]) -> list[str]:
         time += f" (band {a['iteration_time_s_low']:.2f}-{a['iteration_time_s_high']:.2f} s)"
     days = "training days: give the search --tokens"
     if a["training_days"] is not None:
-        days = f"{a['training_days']:.1f} training days for {a['tokens']:.3g} tokens"
+        days = f"{a['training_days']:.1f} training days for {a['tokens']:.3g} tokens without failures"
         if a["training_days_low"] is not None:
             days += f" (band {a['training_days_low']:.1f}-{a['training_days_high']:.1f} days)"
     regime = (f"inside a measured regime: {a['validation_regime']}" if a["validation_regime"] is not None
               else "outside every measured regime, so its band is widened: " + "; ".join(a["outside_regime_reasons"]))
+    expected = _expected_html(a)
     out = ['<div id="answer">', f"<h2>Best plan: {html.escape(a['plan'])}</h2>",
            f'<p id="answer-days"><b>{html.escape(days)}</b>; {html.escape(time)}, MFU {100 * a["mfu"]:.1f}%</p>',
+           *([f'<p id="answer-expected"><b>{html.escape(expected)}</b></p>'] if expected else []),
            f'<p id="answer-regime">{html.escape(regime)}</p>']
     if a["validation_note"]:
         out.append(f'<p id="answer-warning" class="warning">! {html.escape(a["validation_note"])}</p>')

@@ -138,3 +138,34 @@ def test_the_page_says_the_answer_and_counts_as_search_does(page):
     assert html.escape(a["launch"]) in text and "--tensor-model-parallel-size" in a["launch"]
     assert ("inside a measured regime" if a["validation_regime"] else "outside every measured regime") in text
     assert data["summary"].split(", ")[2].startswith(f"{result.simulated} simulated by the engine")
+
+
+def test_the_page_gives_the_expected_days_and_ettr_beside_the_days(page):
+    """Where the best plan's failure-free days are shown, its expected days with failures, checkpoints and
+    restarts and its ETTR stand beside them, the figures `plan` gives, and the launch saves at the interval
+    those days assume."""
+    from simulator.estimator.goodput import goodput
+    from simulator.spec.plan import Job
+
+    req, result, data = page
+    best = result.best
+    g = goodput(Job(model=req.model, cluster=req.cluster, plan=best.plan), best.estimate, req.goodput, simulate=False)
+    a = data["answer"]
+    assert (a["expected_days"], a["ettr"], a["save_interval"]) == (g.expected_days, g.ettr, g.save_interval)
+    assert a["expected_days"] >= a["training_days"]  # failures only ever add days
+    text = render_html(data)
+    days = text.index('id="answer-days"')
+    expected = text.index('id="answer-expected"')
+    assert days < expected < text.index('id="answer-regime"')
+    for needle in (f"{g.expected_days:.1f} expected days with failures, checkpoints and restarts",
+                   f"ETTR {100 * g.ettr:.1f}%"):
+        assert needle in text, needle
+    assert f"--save-interval {g.save_interval}" in a["launch"]
+
+
+def test_without_tokens_the_page_has_no_expected_days():
+    req = SearchRequest(model=PRESETS["gpt3-1.3b"], cluster=load_cluster("dgx-a100-80gb"), num_gpus=16,
+                        global_batch_size=32)
+    data = page_data(search(req, top=1), req)
+    assert data["answer"]["expected_days"] is None and data["answer"]["ettr"] is None
+    assert 'id="answer-expected"' not in render_html(data)
