@@ -180,7 +180,8 @@ def validation_message(exc: ValidationError, what: str) -> str:
     msg = err["msg"]
     value = short_repr(err.get("input"))
     if msg.startswith("Value error, "):
-        return msg[len("Value error, "):]
+        # a nested model's rule does not know the file or the field it was read from: name them
+        return f"{what} field {loc!r}: {msg[len('Value error, '):]}" if err["loc"] else msg[len("Value error, "):]
     if err["type"] == "extra_forbidden":
         return f"{what} has an unknown field {loc!r}; remove it or check its spelling"
     if err["type"] == "missing":
@@ -188,17 +189,22 @@ def validation_message(exc: ValidationError, what: str) -> str:
     if err["type"] in _BOUNDS and err.get("ctx"):
         key, words = _BOUNDS[err["type"]]
         return f"{what} field {loc!r} is {value}, out of range; use {words} {_number(err['ctx'][key])}"
+    if err["type"] == "too_short" and err.get("ctx"):
+        return f"{what} field {loc!r} has {err['ctx']['actual_length']} entries; give at least {err['ctx']['min_length']}"
+    if err["type"] == "string_too_short" and err.get("input") == "":
+        return f"{what} field {loc!r} is empty; write it out"
     if err["type"] == "finite_number":
         return f"{what} field {loc!r} is {value}, not a finite number; give a finite value"
     if err["type"] in _TYPES:
         kind = _TYPES[err["type"]]
         return (f"{what} field {loc!r} is {value}, not {kind}; write {kind}"
-                + (" without quotes" if isinstance(err.get("input"), str) and err["type"] != "string_type" else ""))
+                + (" without quotes" if isinstance(err.get("input"), str)
+                   and err["type"] in ("int_type", "float_type", "bool_type") else ""))
     return f"{what} field {loc!r}: {msg} (got {value})"
 
 
 _TYPES = {"int_type": "a whole number", "float_type": "a number", "bool_type": "true or false",
-          "string_type": "text"}
+          "string_type": "text", "model_type": "a mapping of fields", "dict_type": "a mapping"}
 
 
 def validate_file_data(model: type[T], data: Any) -> T:

@@ -197,5 +197,8 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
     if isinstance(data.get("gpu"), str):
         data["gpu"] = load_gpu(data["gpu"]).model_dump(mode="json")
     if isinstance(data.get("reliability"), str):
-        data["reliability"] = load_reliability(data["reliability"]).model_dump(mode="json")
+        try:
+            data["reliability"] = load_reliability(data["reliability"]).model_dump(mode="json")
+        except ConfigError as exc:  # the data it names is refused: say which cluster named it
+            raise ConfigError(f"cluster spec {str(path)!r} field 'reliability': {exc}") from None
     return build(ClusterSpec, data, f"cluster spec {str(path)!r}", strict=True)

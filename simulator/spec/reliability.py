@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from hardware_specs import SPEC_DIR
 from simulator.spec import limits
@@ -129,15 +129,14 @@ class StorageSpec(BaseModel):
         value=5, low=1, high=30,
         source="declared: a distributed checkpoint's planning, metadata and barrier, paid on every save")
 
-    @model_validator(mode="after")
-    def _bandwidths_are_positive(self) -> "StorageSpec":
-        for name in ("write_gbps_per_node", "read_gbps_per_node", "write_gbps", "read_gbps", "host_copy_gbps_per_gpu"):
-            d = getattr(self, name)
-            low, high = limits.GBPS_RANGE["ge"], limits.GBPS_RANGE["le"]
-            if d.low < low or d.high > high:
-                raise ValueError(f"storage {name} spans {d.low:g} to {d.high:g} GB/s; a bandwidth is from {low:g} to "
-                                 f"{high:g} GB/s, as the flags take it, so bring its range inside")
-        return self
+    @field_validator("write_gbps_per_node", "read_gbps_per_node", "write_gbps", "read_gbps", "host_copy_gbps_per_gpu")
+    @classmethod
+    def _bandwidth_is_physical(cls, d: Declared, info: ValidationInfo) -> Declared:
+        low, high = limits.GBPS_RANGE["ge"], limits.GBPS_RANGE["le"]
+        if d.low < low or d.high > high:
+            raise ValueError(f"{info.field_name} spans {d.low:g} to {d.high:g} GB/s; a bandwidth is from "
+                             f"{low:g} to {high:g} GB/s, as the flags take it, so bring its range inside")
+        return d
 
     def with_bandwidth(self, name: str, gbps: float) -> "StorageSpec":
         """One bandwidth given by a flag: a value that replaces the declared one and its range."""

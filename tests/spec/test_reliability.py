@@ -71,3 +71,86 @@ def test_a_cluster_file_names_its_own_reliability_and_storage(tmp_path):
     path.write_text(base + "storage:\n  write_gbps: {value: 1, low: 1, high: 2e6, source: \"x\"}\n")
     with pytest.raises(ConfigError, match="write_gbps"):  # past the flag's bound
         load_cluster(str(path))
+
+
+# --- a cluster file's own reliability and storage blocks: every refusal names the file and the field --------
+
+def _declared_fields() -> list[str]:
+    from simulator.spec.reliability import Component, RestartCosts, StorageSpec
+
+    return ([f"storage.{name}" for name in StorageSpec.model_fields]
+            + [f"reliability.restart.{name}" for name in RestartCosts.model_fields]
+            + [f"reliability.components.gpu.{name}" for name, f in Component.model_fields.items()
+               if f.annotation is Declared])
+
+
+def _write_cluster(tmp_path, field: str, edit) -> str:
+    import yaml
+
+    from simulator.spec.reliability import StorageSpec
+
+    data = yaml.safe_load((SPEC_DIR / "clusters" / "dgx-h100.yaml").read_text())
+    data["reliability"] = load_reliability().model_dump(mode="json")
+    data["storage"] = StorageSpec().model_dump(mode="json")
+    *parents, last = field.split(".")
+    block = data
+    for name in parents:
+        block = block[name]
+    edit(block, last)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("field", _declared_fields())
+def test_a_declared_number_out_of_range_names_the_file_and_the_field(tmp_path, field):
+    def negative(block, last):
+        block[last].update(value=-1.0, low=-1.0)
+
+    def outside(block, last):
+        block[last].update(value=2.0, low=3.0, high=4.0)
+
+    def no_source(block, last):
+        block[last]["source"] = ""
+
+    def not_finite(block, last):
+        block[last]["high"] = float("inf")
+
+    for edit in (negative, outside, no_source, not_finite):
+        path = _write_cluster(tmp_path, field, edit)
+        with pytest.raises(ConfigError) as exc:
+            load_cluster(path)
+        message = str(exc.value)
+        assert path in message and f"'{field}" in message, (edit.__name__, message)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("reliability.components.gpu.planned", "yes"),
+    ("reliability.components.gpu.replaces_node", 1),
+    ("reliability.components", {}),
+    ("reliability.name", 5),
+    ("storage", "fast"),
+    ("reliability", 5),
+])
+def test_a_malformed_reliability_or_storage_field_names_the_file_and_the_field(tmp_path, field, value):
+    path = _write_cluster(tmp_path, field, lambda block, last: block.__setitem__(last, value))
+    with pytest.raises(ConfigError) as exc:
+        load_cluster(path)
+    assert path in str(exc.value) and f"'{field}" in str(exc.value), str(exc.value)
+
+
+def test_a_bandwidth_range_past_the_flags_names_the_file_and_the_field(tmp_path):
+    path = _write_cluster(tmp_path, "storage.read_gbps",
+                          lambda block, last: block[last].update(value=1e-4, low=1e-4, high=1.0))
+    with pytest.raises(ConfigError, match=r"cluster\.yaml' field 'storage\.read_gbps': read_gbps spans"):
+        load_cluster(path)
+
+
+def test_reliability_data_a_cluster_file_names_is_refused_naming_both(tmp_path):
+    bad = tmp_path / "rates.yaml"
+    bad.write_text("name: x\nderivation: y\ncomponents: {}\nrestart: {}\n")
+    path = tmp_path / "c.yaml"
+    path.write_text((SPEC_DIR / "clusters" / "dgx-h100.yaml").read_text() + f"reliability: {bad}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_cluster(str(path))
+    assert str(path) in str(exc.value) and str(bad) in str(exc.value) and "'components'" in str(exc.value)
