@@ -17,6 +17,7 @@ from simulator.estimator.goodput import (
     goodput,
 )
 from simulator.estimator.prediction import SECONDS_PER_DAY, estimate
+from simulator.outputs.report_layouts import layouts_data, layouts_lines
 from simulator.outputs.report_scenarios import _table
 from simulator.spec.catalog import PRESETS
 from simulator.spec.hardware import load_cluster
@@ -113,9 +114,12 @@ def step_goodput(_: dict) -> dict:
     lines += _table(["GPUs", "compute", "checkpoints", "lost work", "restarts", "ETTR"], rows)
     lines += ["", "Failures grow with the GPU count while the ideal days shrink: past some size more GPUs buy fewer "
                   "days than they cost in restarts and lost work, and sooner the slower the save.", ""]
+    layouts = layouts_data()
+    lines += layouts_lines(layouts)
     return {"lines": lines,
             "data": {"goodput": {"llama3": {"ettr": g.ettr, "interruptions_per_day": g.interruptions_per_day,
                                             "expected_days": g.expected_days, "save_interval": g.save_interval},
                                  "points": {str(q["gpus"]): [q["ideal_days"], q["expected_days"]]
-                                            for q in data["points"]}}},
+                                            for q in data["points"]},
+                                 "published_layouts": layouts}},
             "figures": [["goodput_vs_gpus", "goodput", data]]}
