@@ -16,6 +16,7 @@ from typing import Any
 from simulator.estimator.prediction import Estimate, simulate_job
 from simulator.outputs.describe import layout
 from simulator.outputs.figure_data import breakdown_label, breakdown_parts, pareto_front, request_title
+from simulator.outputs.plots import RANKED_BY
 from simulator.planner.plan_search import SearchRequest, SearchResult
 from simulator.spec._io import write_output
 from simulator.spec.errors import ConfigError
@@ -56,7 +57,7 @@ def page_data(result: SearchResult, req: SearchRequest, profile=None) -> dict[st
             "summary": f"{result.enumerated:,} plans enumerated, {len(result.screened):,} fit in memory, "
                        f"{result.simulated} simulated by the engine"
                        + (f" (and {extra} more of the Pareto front for this page)" if extra > 0 else ""),
-            "answer": answer(result, req)}
+            "answer": answer(result, req), "ranked_by": RANKED_BY[req.rank_by.value]}
 
 
 def _expected(job: Job, est: Estimate, req: SearchRequest) -> dict[str, Any]:
@@ -166,7 +167,8 @@ const traces = [
   {type: "scatter", mode: "markers", name: "simulated by the engine (click for its breakdown)",
    x: sims.map(p => p[1]), y: sims.map(p => p[2]), text: sims.map(describe), customdata: sims.map(p => p[5]),
    hovertemplate: "%{text}<extra></extra>", marker: {size: 9, symbol: "diamond", color: "#2ca02c"}},
-  {type: "scatter", mode: "markers", name: `best plan: ${best[0]}`, x: [best[1]], y: [best[2]],
+  {type: "scatter", mode: "markers", name: `best plan: ${best[0]} (plans ranked by ${D.ranked_by})`,
+   x: [best[1]], y: [best[2]],
    text: [describe(best)], customdata: [D.best], hovertemplate: "%{text}<extra></extra>",
    marker: {size: 16, symbol: "star", color: "#d62728"}},
 ];

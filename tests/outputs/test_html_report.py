@@ -163,6 +163,14 @@ def test_the_page_gives_the_expected_days_and_ettr_beside_the_days(page):
     assert f"--save-interval {g.save_interval}" in a["launch"]
 
 
+def test_the_pages_best_plan_says_how_plans_are_ranked(page):
+    from simulator.outputs.plots import RANKED_BY
+
+    req, _, data = page
+    assert data["ranked_by"] == RANKED_BY[req.rank_by.value]
+    assert "plans ranked by ${D.ranked_by}" in render_html(data)
+
+
 def test_without_tokens_the_page_has_no_expected_days():
     req = SearchRequest(model=PRESETS["gpt3-1.3b"], cluster=load_cluster("dgx-a100-80gb"), num_gpus=16,
                         global_batch_size=32)
