@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from simulator.planner.space import plan_default
 from simulator.spec._io import build, make_folder, read_mapping, write_output
@@ -33,6 +33,14 @@ COLUMNS = ("model", "cluster", "gpus", "global_batch_size", "seq_length", "statu
            "training_days_low", "training_days_high", "outside_validated_range", "message",
            # added later, so appended: what else sets every number of the row
            "attention_backend", "precision")
+
+
+_EXAMPLES = {"gpus": "[256, 512]", "global_batch_sizes": "[1536]", "seq_lengths": "[2048, 4096]"}
+
+
+def _as_written(x: object) -> str:
+    """A value as the spec's YAML spells it (true, not Python's True)."""
+    return json.dumps(x) if isinstance(x, (bool, str, int, float)) else repr(x)
 
 
 class SweepSpec(BaseModel):
@@ -52,6 +60,31 @@ class SweepSpec(BaseModel):
                           "take (auto, a fused kernel).")
     use_flash_attention: bool | None = Field(
         None, description="Older spelling: false is the unfused backend, true a fused one; None: the default.")
+
+    @field_validator("gpus", "global_batch_sizes", "seq_lengths", mode="before")
+    @classmethod
+    def _counts_are_whole_numbers(cls, value: object, info: ValidationInfo) -> object:
+        # YAML reads `true` as a flag and `"8"` as text: neither stands for a count, as pydantic's lax mode takes them
+        for x in value if isinstance(value, (list, tuple)) else ():
+            if isinstance(x, (bool, str)):
+                raise ValueError(f"{_as_written(x)} is not a whole number; write whole numbers, such as "
+                                 f"{info.field_name}: {_EXAMPLES[info.field_name]}")
+        return value
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _tokens_are_a_number(cls, value: object) -> object:
+        # text stays accepted: YAML 1.1 reads 300e9 (no dot) as text
+        if isinstance(value, bool):
+            raise ValueError(f"{_as_written(value)} is not a number of tokens; write a number, such as tokens: 300e9")
+        return value
+
+    @field_validator("use_flash_attention", mode="before")
+    @classmethod
+    def _flag_is_true_or_false(cls, value: object) -> object:
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{_as_written(value)} is not true or false; write use_flash_attention: true or false")
+        return value
 
     @model_validator(mode="after")
     def _grid_is_bounded(self) -> "SweepSpec":

@@ -204,7 +204,8 @@ def validation_message(exc: ValidationError, what: str) -> str:
 
 
 _TYPES = {"int_type": "a whole number", "float_type": "a number", "bool_type": "true or false",
-          "string_type": "text", "model_type": "a mapping of fields", "dict_type": "a mapping"}
+          "string_type": "text", "model_type": "a mapping of fields", "dict_type": "a mapping",
+          "tuple_type": "a list", "list_type": "a list", "float_parsing": "a number"}
 
 
 def validate_file_data(model: type[T], data: Any) -> T:

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from simulator.cli import cli
-from simulator.planner.sweep import SweepSpec, run_sweep
+from simulator.planner.sweep import SweepSpec, load_spec, run_sweep
 
 SPEC = SweepSpec(models=("gpt3-125m", "gpt3-350m"), gpus=(8, 16), global_batch_sizes=(32,), tokens=1e9)
 
@@ -56,3 +56,29 @@ def test_cli_writes_table_and_figures_and_refuses_a_bad_spec(tmp_path):
     bad.write_text("models: [gpt3-125m]\ngpus: [0]\nglobal_batch_sizes: [16]\n")
     result = CliRunner().invoke(cli, ["sweep", str(bad), "--out", str(tmp_path / "o2")])
     assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("line,field", [
+    ("gpus: [true]", "gpus"),
+    ("global_batch_sizes: [true]", "global_batch_sizes"),
+    ("seq_lengths: [false]", "seq_lengths"),
+    ("tokens: true", "tokens"),
+    ('gpus: ["8"]', "gpus"),
+    ("use_flash_attention: 1", "use_flash_attention"),
+])
+def test_a_flag_or_text_where_a_number_belongs_is_refused_naming_the_field(tmp_path, line, field):
+    spec = tmp_path / "spec.yaml"
+    lines = {"models": "models: [gpt3-125m]", "gpus": "gpus: [8]", "global_batch_sizes": "global_batch_sizes: [8]"}
+    lines[line.split(":")[0]] = line
+    spec.write_text("\n".join(lines.values()) + "\n")
+    result = CliRunner().invoke(cli, ["sweep", str(spec), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1 and f"field '{field}'" in message, message
+    assert not (tmp_path / "out").exists()  # refused before any point is searched
+
+
+def test_tokens_as_yaml_reads_them_still_count(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("models: [gpt3-125m]\ngpus: [8]\nglobal_batch_sizes: [8]\ntokens: 300e9\n")  # YAML 1.1: text
+    assert load_spec(spec).tokens == 300e9
