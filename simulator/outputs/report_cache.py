@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
-import shutil
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
+
+from simulator.spec._io import write_output
 
 PACKAGE = Path(__file__).resolve().parent.parent
 REPO = PACKAGE.parent
@@ -67,10 +67,9 @@ def _key(*parts: Any) -> str:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """A temporary file beside ``path`` renamed over it: a full disk leaves the old entry whole, not a cut-off
+    one, and is one sentence (``OutputError``)."""
+    write_output(path, data, "the report's cache entry")
 
 
 @dataclass(frozen=True)
@@ -134,10 +133,15 @@ class ReportCache:
         return what it shows."""
         key, png, summary = self._figure_entry(name, kind, data)
         if summary is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(png, path)
-            self.hits.append(f"figure {name}")
-            return summary
+            try:
+                cached = png.read_bytes()
+            except OSError:
+                cached = None  # an unreadable entry is redrawn
+            if cached is not None:
+                # written as a fresh figure is: a full disk leaves no cut-off PNG under the final name
+                write_output(path, cached, "figure")
+                self.hits.append(f"figure {name}")
+                return summary
         from simulator.outputs.figures import draw
 
         summary = json.loads(json.dumps(draw(kind, data, path)))
