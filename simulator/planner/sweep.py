@@ -9,10 +9,16 @@ executor returns the same rows: a point's row depends on nothing but the point.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import itertools
 import json
+import multiprocessing
 import os
+import signal
+import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
@@ -161,11 +167,42 @@ def run_point(point: SweepPoint) -> dict:
             "message": est.validation_note, "plan_json": best.plan.model_dump(mode="json")}
 
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PARENT_POLL_S = 1.0
+
+
+def _die_with_parent(parent_pid: int, direct_child: bool) -> None:
+    """A worker's initializer: the worker ends when the sweep does, even killed by SIGKILL, which no handler
+    sees (its pool would otherwise leave it searching, then waiting for work, for minutes). On Linux the kernel
+    sends SIGKILL when the parent goes (prctl PR_SET_PDEATHSIG); everywhere a thread watches for the worker
+    being handed to another parent."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watching thread below still ends the worker
+    watched = os.getppid()
+    if direct_child and watched != parent_pid:  # the sweep went before the signal was asked for
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == watched:
+            time.sleep(_PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sweep-parent-watch", daemon=True).start()
+
+
 def _local(points: list[SweepPoint], workers: int) -> Iterable[dict]:
     if workers <= 1 or len(points) <= 1:
         yield from map(run_point, points)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    context = multiprocessing.get_context()
+    # under forkserver a worker's parent is the server, which itself ends with the sweep
+    direct = context.get_start_method() != "forkserver"
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_die_with_parent,
+                             initargs=(os.getpid(), direct)) as pool:
         yield from pool.map(run_point, points)
 
 

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -10,6 +16,7 @@ from click.testing import CliRunner
 from simulator.cli import cli
 from simulator.planner.sweep import SweepSpec, load_spec, run_sweep
 
+REPO = Path(__file__).resolve().parents[2]
 SPEC = SweepSpec(models=("gpt3-125m", "gpt3-350m"), gpus=(8, 16), global_batch_sizes=(32,), tokens=1e9)
 
 
@@ -82,3 +89,46 @@ def test_tokens_as_yaml_reads_them_still_count(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text("models: [gpt3-125m]\ngpus: [8]\nglobal_batch_sizes: [8]\ntokens: 300e9\n")  # YAML 1.1: text
     assert load_spec(spec).tokens == 300e9
+
+
+def _children(pid: int) -> set[int]:
+    kids = set()
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        kids.update(int(k) for k in task.read_text().split())
+    return kids
+
+
+def _running(pid: int) -> bool:
+    try:  # a zombie has exited: only its reaper has not read its status yet
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads a process's children from /proc")
+def test_a_killed_sweep_takes_its_workers_with_it(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("models: [gpt3-1.3b, gpt3-2.7b]\ngpus: [8, 16, 32, 64]\nglobal_batch_sizes: [512]\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    sweep = subprocess.Popen([sys.executable, "-m", "simulator", "sweep", str(spec), "--out", str(tmp_path / "out"),
+                              "--workers", "2"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120  # the workers start once the spec is read (an import or two)
+        while len(workers) < 2 and sweep.poll() is None and time.monotonic() < deadline:
+            workers |= _children(sweep.pid)
+            time.sleep(0.05)
+        assert len(workers) >= 2, "the sweep never started its workers"
+        sweep.send_signal(signal.SIGKILL)
+        sweep.wait()
+        deadline = time.monotonic() + 30  # generous: a worker watching its parent notices within a second
+        while any(map(_running, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_running, workers)), [w for w in workers if _running(w)]
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        for pid in workers:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
