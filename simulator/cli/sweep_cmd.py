@@ -64,6 +64,8 @@ def sweep_command(spec_path, out, ray_address, workers, as_json):
     for r in rows:
         what = (f"{r['plan']:40s} {r['iteration_time_s']:8.2f} s  MFU {r['mfu'] * 100:5.1f}%"
                 + (f"  {r['training_days']:7.1f} days" if r.get("training_days") else "")
+                + (f", {r['expected_days']:.1f} expected (ETTR {r['ettr'] * 100:.1f} %)" if r.get("expected_days")
+                   else "")
                 if r["status"] == "ok" else r["message"])
         click.echo(f"  {r['model']} {r['cluster']} {r['gpus']:>6} GPUs batch {r['global_batch_size']}: {what}")
     for f in figures:

@@ -38,7 +38,9 @@ COLUMNS = ("model", "cluster", "gpus", "global_batch_size", "seq_length", "statu
            "iteration_time_s_low", "iteration_time_s_high", "mfu", "tokens_per_s", "peak_gib", "training_days",
            "training_days_low", "training_days_high", "outside_validated_range", "message",
            # added later, so appended: what else sets every number of the row
-           "attention_backend", "precision")
+           "attention_backend", "precision",
+           # days as they are lived, with failures, checkpoints and restarts (`plan`'s expected days and ETTR)
+           "expected_days", "expected_days_low", "expected_days_high", "ettr")
 
 
 _EXAMPLES = {"gpus": "[256, 512]", "global_batch_sizes": "[1536]", "seq_lengths": "[2048, 4096]"}
@@ -157,7 +159,7 @@ def run_point(point: SweepPoint) -> dict:
         est = with_band(job, best.estimate)
     except SimulatorError as exc:
         return {**row, "status": "no plan", "message": " ".join(str(exc).split())}
-    return {**row, "status": "ok", "plan": compact_plan_name(best.plan),
+    row = {**row, "status": "ok", "plan": compact_plan_name(best.plan),
             "precision": best.plan.precision.value + (f"+fp8-{best.plan.fp8_format.value}" if best.plan.fp8_format else ""),
             "iteration_time_s": est.iteration_time_s,
             "iteration_time_s_low": est.iteration_time_s_low, "iteration_time_s_high": est.iteration_time_s_high,
@@ -165,6 +167,7 @@ def run_point(point: SweepPoint) -> dict:
             "training_days": est.training_days, "training_days_low": est.training_days_low,
             "training_days_high": est.training_days_high, "outside_validated_range": est.outside_validated_range,
             "message": est.validation_note, "plan_json": best.plan.model_dump(mode="json")}
+    return {**row, **_expected_days(job, est)}
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -192,6 +195,23 @@ def _die_with_parent(parent_pid: int, direct_child: bool) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="sweep-parent-watch", daemon=True).start()
+
+
+def _expected_days(job, est) -> dict:
+    """The row's expected days and ETTR, from the closed form (`plan` adds the simulated percentiles); none
+    without tokens, or where the cluster's failure rates leave the run no expected days (then the message
+    says why, as `plan`'s notes do)."""
+    from simulator.estimator.goodput import EndlessRunError, goodput
+
+    if est.tokens is None:
+        return {}
+    try:
+        g = goodput(job, est, simulate=False)
+    except EndlessRunError as exc:
+        note = f"no expected days: {' '.join(str(exc).split())}"
+        return {"message": "; ".join(m for m in (est.validation_note, note) if m)}
+    return {"expected_days": g.expected_days, "expected_days_low": g.expected_days_low,
+            "expected_days_high": g.expected_days_high, "ettr": g.ettr}
 
 
 def _local(points: list[SweepPoint], workers: int) -> Iterable[dict]:

@@ -132,3 +132,22 @@ def test_a_killed_sweep_takes_its_workers_with_it(tmp_path):
         for pid in workers:
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_rows_carry_expected_days_and_ettr_in_new_columns(tmp_path):
+    from simulator.planner.sweep import COLUMNS
+
+    spec = SweepSpec(models=("gpt3-125m",), gpus=(8,), global_batch_sizes=(32,), tokens=1e9)
+    row, = run_sweep(spec, tmp_path / "with", workers=1)
+    assert row["training_days"] <= row["expected_days"] <= row["expected_days_high"]
+    assert row["expected_days_low"] <= row["expected_days"] and 0 < row["ettr"] <= 1
+    header, line = (tmp_path / "with" / "results.csv").read_text().splitlines()
+    # appended: every column that was there keeps its place
+    assert header.split(",")[:20] == list(COLUMNS[:20]) and header.endswith(",expected_days,expected_days_low,"
+                                                                            "expected_days_high,ettr")
+    assert all(line.split(",")[-4:])
+    assert json.loads((tmp_path / "with" / "results.json").read_text())[0]["ettr"] == row["ettr"]
+    # without tokens there are no days to expect: the cells are empty
+    untimed, = run_sweep(spec.model_copy(update=dict(tokens=None)), tmp_path / "without", workers=1)
+    assert "expected_days" not in untimed
+    assert (tmp_path / "without" / "results.csv").read_text().splitlines()[1].endswith(",,,,")
