@@ -463,3 +463,15 @@ def test_a_figure_suffix_no_format_has_is_one_sentence(tmp_path):
     line = refused("plot", "timeline", "--model", "gpt3-125m", "--gbs", "4", "--out", str(tmp_path / "t.txt"),
                    needle="names no figure format")
     assert "t.png" in line and not (tmp_path / "t.txt").exists()
+
+
+@pytest.mark.parametrize("block", [
+    "storage:\n  save_fixed_s: {value: 5, low: 6, high: 7, source: \"ours\"}\n",
+    "storage:\n  read_gbps: {value: 0.0001, low: 0.0001, high: 1, source: \"ours\"}\n",
+    "storage: fast\n",
+])
+def test_a_cluster_files_storage_block_is_refused_naming_the_file_and_the_field(tmp_path, block):
+    cluster = tmp_path / "mine.yaml"
+    cluster.write_text((REPO / "hardware_specs" / "clusters" / "dgx-h100.yaml").read_text() + block)
+    line = refused("plan", *SMALL, "--cluster", str(cluster))
+    assert str(cluster) in line and "field 'storage" in line, line
