@@ -116,6 +116,15 @@ DEVICE_SPREAD_SOURCE = ("not measured for this GPU: 0, every device as fast as t
                         "nodes would pin it")
 
 
+PARTIAL_NODE_RANGE = (0.5, 1.0)
+PARTIAL_NODE_SOURCE = (
+    "not measured on these nodes: 1, the routed rings' bandwidth. Range down to 0.5: nccl-tests all-reduce on 4 "
+    "nodes gave about 45 GB/s bus bandwidth with 4 GPUs a node against about 90 with 8 (NVIDIA/nccl#1168, 256 MB), "
+    "and on 2 A100 nodes 4 GPUs over 2 NICs gave 45 against 78 over 4 (NVIDIA/nccl-tests#277); NCCL before 2.18 "
+    "could pick a NIC far from a partial node's GPUs (NVIDIA/nccl#820). nccl-tests all_reduce_perf on 2+ nodes with "
+    "CUDA_VISIBLE_DEVICES=0,2,4,6 and 0,4, sibling groups at once, would pin it")
+
+
 def _a100_sustained_ratio() -> tuple[float, float]:
     """(sustained / burst, burst TFLOPS): the A100's sustained 8192^3 GEMM over what its GEMM block (MAMF's fastest
     iteration, a burst) gives that shape."""
@@ -516,9 +525,12 @@ def _links(gpu: GpuSpec, rows: dict, nic_gbps: float) -> CollectiveParams:
                                              "node, as the network model routes it")}
     sources.pop("ramp_curve", None)
     ranges = {} if hdr else {"half_size_bytes": (fit["half_size_bytes"], fit["nvlink_half_size_bytes"])}
+    sources["partial_node_efficiency"] = PARTIAL_NODE_SOURCE
+    ranges["partial_node_efficiency"] = PARTIAL_NODE_RANGE
     network = LinkParams(**{**network.model_dump(exclude={"sources", "fits", "ranges"}),
                             "half_size_bytes": fit["half_size_bytes"], "ramp_exponent": fit["ramp_exponent"],
-                            "ramp_curve": None, "ramp_reference_busbw_gbps": fit["ramp_reference_busbw_gbps"]},
+                            "ramp_curve": None, "ramp_reference_busbw_gbps": fit["ramp_reference_busbw_gbps"],
+                            "partial_node_efficiency": 1.0},
                          sources=sources, fits=(*network.fits, fit["record"]), ranges=ranges)
     return CollectiveParams(nvlink=nvlink, network=network)
 

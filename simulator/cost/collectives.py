@@ -127,6 +127,8 @@ class CollectiveModel:
         shape = self.network.ring(group.size, group.stride)
         params = self.nvlink if shape.bottleneck_class == NVLINK else self.net
         busbw = shape.busbw_gbps
+        if shape.nodes > 1 and 1 < shape.per_node < self.cluster.gpus_per_node and params is self.net:
+            busbw *= self.net.partial_node_efficiency or 1.0  # a partial-node communicator's NIC paths
         if (kind is CollectiveKind.all_reduce and shape.nodes == 1 and self.nvlink.nvls_max_busbw_gbps
                 and group.size == self.cluster.gpus_per_node):
             busbw = self.nvlink.nvls_max_busbw_gbps  # NVLink SHARP reduces in the switch

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from simulator.cost.curves import interpolate_log_log
+from simulator.cost.run_calibration import RunCalibration
 from simulator.spec import limits
 from simulator.spec._io import (
     check_name,
@@ -358,6 +359,12 @@ class LinkParams(_Block):
     )
     p2p_bandwidth_gbps: float = Field(description="Send/recv bandwidth of one GPU pair, GB/s.", **_GBPS)
     p2p_latency_s: float = Field(**_SECONDS)
+    partial_node_efficiency: float | None = Field(
+        None, gt=0, le=1,
+        description="The share of its routed bus bandwidth an inter-node ring keeps when its group holds more than "
+                    "one but not every GPU of each node (the data-parallel groups of TP 2 and TP 4 on 8-GPU nodes): "
+                    "NCCL's rings of such a communicator leave and enter a node through NICs its members do not "
+                    "sit beside, while sibling groups use the same NICs at once. None: 1, not modelled.")
 
     @model_validator(mode="after")
     def _curves_are_curves(self) -> "LinkParams":
@@ -500,6 +507,9 @@ class HardwareProfile(BaseModel):
                                        "slowest of its devices, 1 + spread x E[max of N standard normals].")
     device_speed_spread_source: str = ("not measured; taken as 0: every device of a type as fast as the one the "
                                        "benchmarks timed")
+    run_calibration: RunCalibration | None = Field(
+        None, description="Set when the profile was fitted to measured runs (calibrate --from-runs): which runs, "
+                          "what the fit set, and the band its leave-one-run-out errors give.")
     ranges: dict[str, tuple[float, float]] = Field(
         default_factory=dict, description="Plausible (low, high) of this profile's own numbers that no measurement "
                                           "pins for every device (overlap_compute_slowdown, "

@@ -287,3 +287,33 @@ def test_tp1_pp32_groups_on_a_million_gpus_never_build_the_jobs_graph():
     net.ring(31250, 1)
     assert not net._graphs
     assert small == large and small.nodes == 2 and small.switch_hops == 3
+
+
+def _with_partial_node(efficiency):
+    network = A100.collectives.network.model_copy(update={"partial_node_efficiency": efficiency})
+    profile = A100.with_value("collectives.network.partial_node_efficiency", efficiency) if efficiency else \
+        A100.model_copy(update={"collectives": A100.collectives.model_copy(update={"network": network})})
+    return build_cost_model(CLUSTER, profile, Precision.bf16)
+
+
+@pytest.mark.parametrize("size,stride,partial", [
+    (16, 1, False),  # TP 1: the DP group holds every GPU of its nodes
+    (16, 2, True),  # TP 2: 4 of a node's 8 GPUs
+    (16, 4, True),  # TP 4: 2 of 8
+    (16, 8, False),  # TP 8: one GPU a node, each on its own rail
+    (4, 2, False),  # inside one node: no NIC on the path
+])
+def test_only_partial_node_groups_across_nodes_pay_the_partial_node_efficiency(size, stride, partial):
+    group, nbytes = Group(size=size, stride=stride), 256 * 2**20
+    at_one, at_half = (_with_partial_node(e).collective_time_s(K.all_reduce, nbytes, group) for e in (1.0, 0.5))
+    unset = _with_partial_node(None).collective_time_s(K.all_reduce, nbytes, group)
+    assert unset == at_one  # a profile without the field (None) costs as 1: not modelled
+    if partial:
+        assert at_half > 1.5 * at_one  # bandwidth-bound at 256 MiB: nearly twice the time
+    else:
+        assert at_half == at_one
+
+
+def test_the_partial_node_efficiency_is_an_unpinned_constant_of_the_published_network():
+    ranged = {path: (value, low, high) for path, value, low, high in A100.unpinned()}
+    assert ranged["collectives.network.partial_node_efficiency"] == (1.0, 0.5, 1.0)
