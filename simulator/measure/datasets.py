@@ -141,16 +141,17 @@ GPT2_VOCAB = 50257
 VTRAIN_CLUSTER = "a100-80gb-4x-hdr"  # the measured nodes: 8 A100 on NVSwitch, 4 HDR NICs; GPU memory not stated
 
 
+@lru_cache(maxsize=1)
+def _vtrain_cluster():
+    return load_cluster(VTRAIN_CLUSTER)  # read once: its YAML, parsed per row, was most of the set's load time
+
+
 def vtrain_job(gpus: int, global_batch: int, micro_batch: int, hidden: int, heads: int, layers: int, seq: int,
                tp: int, dp: int, pp: int) -> Job:
     """The job of one row as the set was measured (its README): Megatron-DeepSpeed, fp16, full
     recompute of every layer, 1F1B, no sequence parallelism, Megatron's unfused attention,
     GPT-2's vocabulary padded to a multiple of 128 x TP, FFN 4 x hidden. A TP group wider than a
-    node (the multi-node set's TP 16) spans two nodes, as it was run. CUDA's default 8 work queues:
-    Megatron-DeepSpeed either reduces a column-parallel layer's input gradient after the layer's
-    whole backward (its releases before the asynchronous all-reduce) or issues it asynchronously
-    and only warns when CUDA_DEVICE_MAX_CONNECTIONS is not 1, which DeepSpeed's launcher does not
-    set; either way the all-reduce runs after the weight-gradient GEMM."""
+    node (the multi-node set's TP 16) spans two nodes, as it was run; the work queues as below."""
     assert gpus == tp * dp * pp, (gpus, tp, dp, pp)
     multiple = 128 * tp
     model = ModelSpec(name=f"gpt-h{hidden}-l{layers}", num_layers=layers, hidden_size=hidden,
@@ -159,8 +160,16 @@ def vtrain_job(gpus: int, global_batch: int, micro_batch: int, hidden: int, head
                         micro_batch_size=micro_batch, global_batch_size=global_batch, precision=Precision.fp16,
                         recompute=RecomputePolicy(granularity=RecomputeGranularity.full),
                         attention_backend=AttentionBackend.unfused, allow_tp_across_nodes=tp > 8,
+                        # CUDA_DEVICE_MAX_CONNECTIONS=8, CUDA's default, where Megatron-LM's own launch (and so
+                        # the CLI's default) sets 1 under TP. An assumption about how the sets were run, not a
+                        # measurement: vTrain says only that its runs used Megatron-DeepSpeed, whose examples
+                        # start training through DeepSpeed's launcher, and that launcher does not set the
+                        # variable. Megatron-DeepSpeed then reduces a column-parallel layer's input gradient
+                        # after the layer's whole backward (releases before the asynchronous all-reduce) or
+                        # issues it asynchronously and only warns that the variable is not 1; either way the
+                        # all-reduce runs after the weight-gradient GEMM, as 8 queues simulate it.
                         cuda_device_max_connections=8)
-    return Job(model=model, cluster=load_cluster(VTRAIN_CLUSTER), plan=plan)
+    return Job(model=model, cluster=_vtrain_cluster(), plan=plan)
 
 
 @lru_cache(maxsize=2)
