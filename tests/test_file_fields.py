@@ -69,7 +69,9 @@ FILE_FIELDS: dict[str, list[tuple[str, tuple[str, ...], type, str]]] = {
 FLAG_ONLY = {"tokens", "top", "budget_s", "workers", "nnodes", "failure_seed", "save_interval", "spare_nodes",
              # a cluster file holds these as declared ranges in other units (rates per million GPU-hours; each
              # bandwidth's value, low and high), bounded there as the flags are (tests/spec/test_reliability.py)
-             "mtbf_gpu_hours", "write_gbps_per_node", "write_gbps"}
+             "mtbf_gpu_hours", "write_gbps_per_node", "write_gbps",
+             # how a training log is read, which no file of the simulator's holds
+             "warmup"}
 # A bound a file field does not carry yet (the flag's is the only one).
 NOT_YET: dict[tuple[str, str], str] = {}  # (flag parameter, side) -> why its file field does not share the bound yet
 

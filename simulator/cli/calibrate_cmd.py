@@ -18,6 +18,7 @@ Examples:
   simulator calibrate --device cuda --out h200.json --keep-raw h200-raw.json
   simulator calibrate --raw OUTDIR/raw.json --out h200.json     # points from calibration/gpu_session.sh
   simulator plan --cluster local-cpu --model gpt3-125m --profile cpu-profile.json
+  simulator calibrate --from-runs logs/ --cluster dgx-a100-80gb --out my-a100.json   # your Megatron runs
 """
 
 
@@ -82,12 +83,37 @@ def render(result, out: Path) -> str:
 @click.option("--budget-s", type=BoundedFloat(1, limits.MAX_BUDGET_S, closed=True), default=None,
               help="Wall-clock allowance for measuring, seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit errors and held-out GEMMs as JSON.")
-def calibrate_command(device, quick, out, raw, keep_raw, gpu, name, model, tp, mbs, budget_s, as_json):
-    """Measure GEMMs, attention, memory-bound kernels and collectives; fit and write a hardware profile."""
+@click.option("--from-runs", "from_runs", multiple=True, metavar="LOG",
+              help="Fit the profile to these Megatron-LM or Megatron-Bridge training logs (files or folders; "
+                   "repeat the flag) instead of measuring.")
+@click.option("--cluster", default="dgx-a100-80gb", show_default=True, metavar="NAME|FILE",
+              help="With --from-runs: the cluster the runs ran on.")
+@click.option("--megatron-args", "launch", default=None, metavar="FILE",
+              help="With --from-runs: the launch of logs without an arguments block (Megatron-Bridge).")
+@click.option("--profile", "base_profile", default=None, metavar="FILE|NAME",
+              help="With --from-runs: the profile to start from (default: the runs' GPU's published one).")
+@click.option("--warmup-iterations", "warmup", type=click.IntRange(0, 1_000_000), default=None,
+              help="With --from-runs: iterations after a (re)start whose logged intervals are dropped [default: 10].")
+def calibrate_command(device, quick, out, raw, keep_raw, gpu, name, model, tp, mbs, budget_s, as_json, from_runs,
+                      cluster, launch, base_profile, warmup):
+    """Measure GEMMs, attention, memory-bound kernels and collectives; fit and write a hardware profile. With
+    --from-runs, fit the profile's named constants to runs already made on the cluster instead."""
     from simulator.measure.calibrate import calibrate, layer_arguments
     from simulator.spec.catalog import load_model
     from simulator.spec.hardware import load_gpu
 
+    if from_runs:
+        if device or raw or quick or keep_raw or gpu or tp or mbs or budget_s:
+            raise click.UsageError("--from-runs fits to logged runs; drop --device, --raw, --quick, --keep-raw, "
+                                   "--gpu, --tp, --mbs and --budget-s")
+        from simulator.cli.calibrate_runs_cmd import calibrate_from_runs
+        from simulator.measure.megatron_log import DEFAULT_WARMUP_ITERATIONS
+
+        calibrate_from_runs(from_runs, out, cluster, model or "gpt3-175b", launch, base_profile,
+                            DEFAULT_WARMUP_ITERATIONS if warmup is None else warmup, name, as_json)
+        return
+    if cluster != "dgx-a100-80gb" or launch or base_profile or warmup is not None:
+        raise click.UsageError("--cluster, --megatron-args, --profile and --warmup-iterations go with --from-runs")
     if raw is None and device is None:
         raise click.UsageError("pass --device cuda|cpu to measure, or --raw with points measured before")
     if raw is not None and (quick or keep_raw or model or tp or mbs or budget_s):

@@ -22,7 +22,8 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.cost.profile import HardwareProfile
-from simulator.estimator.regime import Regime, regime_of
+from simulator.cost.run_calibration import calibration_features
+from simulator.estimator.regime import Regime, plan_features, regime_of
 from simulator.graph.layers import LayerKey, OpKind, layer_graph, ordered_ops
 from simulator.schedule.screen import screen
 from simulator.schedule.timing import cost_model_for
@@ -119,13 +120,28 @@ def corners_by(base_profile: HardwareProfile, change: Callable[[str, float], flo
     return Corners(fast, slow, moving[:top])
 
 
-def widened(job: Job, iteration_time_s: float, mfu: float, low: float, high: float) -> tuple[float, float, Regime]:
-    """``low`` and ``high`` widened, where the model's measured error in the plan's regime reaches further, and
+def run_band(job: Job, profile: HardwareProfile | None) -> tuple[float, float] | None:
+    """(fast, slow) relative half-widths of a profile fitted to measured runs, for a plan whose regime features
+    and TP size those runs had; None otherwise, where the regime's band holds."""
+    calibration = getattr(profile, "run_calibration", None)
+    if calibration is None:
+        return None
+    mine = calibration_features(plan_features(job), job.plan.tensor_parallel_size)
+    if not set(mine) <= set(calibration.features):
+        return None
+    return calibration.band_below, calibration.band_above
+
+
+def widened(job: Job, iteration_time_s: float, mfu: float, low: float, high: float,
+            calibrated: tuple[float, float] | None = None) -> tuple[float, float, Regime]:
+    """``low`` and ``high`` widened, where the model's measured error in the plan's regime reaches further (or,
+    for a profile fitted to runs like the plan, that fit's own leave-one-run-out errors: ``calibrated``), and
     the slow end held no faster than the best measured MFU on the plan's GPU; with the regime."""
     t = iteration_time_s
     regime = regime_of(job, mfu)
-    low = min(low, t * (1 - regime.half_width), t)
-    high = max(high, t * (1 + regime.half_width), t)
+    below, above = calibrated if calibrated is not None else (regime.half_width, regime.half_width)
+    low = min(low, t * (1 - below), t)
+    high = max(high, t * (1 + above), t)
     if regime.mfu_ceiling is not None and mfu > regime.mfu_ceiling:
         high = max(high, t * mfu / regime.mfu_ceiling)  # no faster than the best measured run on this GPU
     return low, high, regime
@@ -138,12 +154,13 @@ def band(job: Job, profile=None, iteration_time_s: float | None = None, mfu: flo
     from simulator.estimator.prediction import estimate
 
     c = corners(job, profile)
+    calibrated = run_band(job, profile if isinstance(profile, HardwareProfile) else None)
     if iteration_time_s is None or mfu is None:
         est = estimate(job, profile)
         iteration_time_s = est.iteration_time_s if iteration_time_s is None else iteration_time_s
         mfu = est.mfu if mfu is None else mfu
     low, high, regime = widened(job, iteration_time_s, mfu, estimate(job, c.fast).iteration_time_s,
-                                estimate(job, c.slow).iteration_time_s)
+                                estimate(job, c.slow).iteration_time_s, calibrated)
     return Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=c.drivers, regime=regime)
 
 

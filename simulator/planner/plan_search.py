@@ -26,7 +26,8 @@ from typing import Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from simulator.estimator.band import Band, banded, corners_by, unread_constants, widened
+from simulator.cost.profile import HardwareProfile
+from simulator.estimator.band import Band, banded, corners_by, run_band, unread_constants, widened
 from simulator.estimator.goodput import effective_iteration_time_s
 from simulator.estimator.prediction import Estimate, simulate_job
 from simulator.planner.memo import SearchMemo, peak_bytes
@@ -172,7 +173,8 @@ def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: lis
         own = corners_by(base_profile, lambda path, end: screen_at(base_profile.with_value(path, end), cand, layout)
                          / base - 1, unread=unread_constants(job))
         fast, slow = (t * screen_at(c, cand, layout) / base for c in (own.fast, own.slow))
-        low, high, regime = widened(job, t, est.mfu, min(t, fast, slow), max(t, fast, slow))
+        low, high, regime = widened(job, t, est.mfu, min(t, fast, slow), max(t, fast, slow),
+                                    run_band(job, base_profile))
         b = Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=own.drivers, regime=regime)
         rows.append((_rank_key(req, job, t, high), banded(est, b), cand, layout, own))
     rows.sort(key=lambda r: (r[0], r[1].iteration_time_s))  # stable: ties keep the engine's order
@@ -282,7 +284,8 @@ def _search(req: SearchRequest, profile, tokens: float | None, top: int,
         job = Job(model=req.model, cluster=req.cluster, plan=cand.plan)
         est = simulate_job(job, profile, tokens).estimate
         key = _rank_key(req, job, est.iteration_time_s,
-                        widened(job, est.iteration_time_s, est.mfu, est.iteration_time_s, est.iteration_time_s)[1]
+                        widened(job, est.iteration_time_s, est.mfu, est.iteration_time_s, est.iteration_time_s,
+                                run_band(job, profile if isinstance(profile, HardwareProfile) else None))[1]
                         if req.rank_by is RankBy.upper else None)
         ranked.append((key, est, cand, layout))
         if progress is not None:

@@ -1,0 +1,301 @@
+"""A profile fitted to runs a user already made on their cluster (``simulator calibrate --from-runs``).
+
+The fit moves a few named, physically meaningful constants of the profile, each within a declared range
+(``FIT_PARAMETERS``), with the profile's own value as its prior: a maximum a posteriori fit of the measured
+iteration times in log space (``scipy.optimize.least_squares``, bounded to the ranges), every run weighted by
+the run-to-run noise of a measured iteration time, every constant pulled back to its prior by its prior width.
+A run set that cannot tell a constant apart (only DP varies: nothing pins the tensor-parallel cost) leaves it
+at its prior; the result says which constants the runs pinned (posterior width under half the prior's) and
+which stayed.
+
+The band of the fitted profile comes from the fit's own errors on runs it did not see: each run is left out
+in turn, the rest refitted, and the left-out run predicted; the slow and fast half-widths are the largest
+leave-one-run-out errors on each side (so the band is as asymmetric as the errors), never narrower than the
+noise. It holds for plans like the runs: a plan whose regime features (``simulator.estimator.regime``) none of
+the runs had keeps the regime's wider band.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from simulator.cost.profile import HardwareProfile
+from simulator.cost.run_calibration import RunCalibration, calibration_features
+from simulator.spec.errors import ConfigError
+from simulator.spec.plan import Job
+
+RUN_NOISE = 0.05
+"""Relative spread of a run's measured time about the prediction that no fitted constant explains (one standard
+deviation): the run's own noise (a logged median repeats to about 1-3%) and the model's error on a run of a
+measured regime (about 5%, the development sets' mean error). Declared, not fitted: it weighs one run against
+the priors, and the band never comes out narrower than it."""
+
+PINNED_RATIO = 0.5
+"""A constant counts as pinned by the runs when its posterior width is under this share of its prior's."""
+
+
+@dataclass(frozen=True)
+class FitParameter:
+    """One constant the fit may move: where it lives, its declared range and prior width, and why."""
+
+    name: str
+    path: str  # the profile number (``HardwareProfile.with_value``), or several joined by "+", moved together
+    low: float
+    high: float
+    prior_width: float
+    scaled: bool  # the fitted value multiplies the profile's value(s); else it replaces it
+    source: str
+
+    def apply(self, profile: HardwareProfile, value: float) -> HardwareProfile:
+        for path in self.path.split("+"):
+            profile = profile.with_value(path, _get(profile, path) * value if self.scaled else value)
+        return profile
+
+    def prior(self, profile: HardwareProfile) -> float:
+        return 1.0 if self.scaled else float(_get(profile, self.path.split("+")[0]))
+
+
+def _get(profile: HardwareProfile, path: str) -> float:
+    obj = profile
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return 1.0 if obj is None else float(obj)  # an optional factor left unset is 1: not modelled
+
+
+FIT_PARAMETERS: tuple[FitParameter, ...] = (
+    FitParameter("sustained compute fraction", "sustained_clock_fraction", 0.70, 1.0, 0.05, False,
+                 "tensor-core throughput a long run sustains over the GEMM and attention blocks' bursts; the fit's "
+                 "range, not a measurement: 1 is the bursts, 0.70 a device held well below its base clock"),
+    FitParameter("device speed spread", "device_speed_spread", 0.0, 0.10, 0.02, False,
+                 "relative standard deviation of speed across devices of one type, a synchronous step waiting for "
+                 "the slowest of N (grows with N); Sinha et al. (SC22) report about 8% variation across a "
+                 "cluster's devices, with outliers slower still"),
+    FitParameter("inter-node network efficiency", "collectives.network.max_busbw_gbps", 0.40, 1.0, 0.10, True,
+                 "the share of the profile's inter-node bus bandwidth a run's collectives reach (adaptive routing, "
+                 "congestion from other jobs, rings that share a NIC); the fit's range"),
+    FitParameter("partial-node communicator efficiency", "collectives.network.partial_node_efficiency", 0.5, 1.0,
+                 0.25, False,
+                 "the share of the routed bandwidth an inter-node ring keeps when its group holds some but not all "
+                 "of each node's GPUs (TP 2-4 data-parallel groups): NVIDIA/nccl#1168, nccl-tests#277 (about half)"),
+    FitParameter("per-op host time", "host.op_s+host.backward_op_s", 0.25, 3.0, 0.5, True,
+                 "host time to issue one op, forward and backward, as a multiple of the profile's (eager PyTorch "
+                 "issues an op in 5-25 us: hardware.md)"),
+    FitParameter("per-collective issue time", "host.collective_s", 0.0, 3e-4, 5e-5, False,
+                 "host and synchronisation time of one collective call as Megatron issues it in the loop (launch, "
+                 "skew across ranks, stream waits), s; the fit's range"),
+    FitParameter("overlap slowdown", "overlap_compute_slowdown", 0.0, 0.30, 0.05, False,
+                 "the share by which compute slows while an NCCL kernel runs beside it (SM and memory contention)"),
+)
+
+
+class FittedParameter(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    path: str
+    prior: float
+    value: float
+    low: float
+    high: float
+    prior_width: float
+    posterior_width: float
+    pinned: bool = Field(description="The runs narrowed it to under half its prior width.")
+    source: str
+
+
+class RunFit(BaseModel):
+    """What ``calibrate --from-runs`` found: the fitted constants, each run's error before and after, the
+    leave-one-run-out errors the band comes from, and what the runs could not tell apart."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runs: tuple[str, ...]
+    measured_s: tuple[float, ...]
+    predicted_before_s: tuple[float, ...]
+    predicted_after_s: tuple[float, ...]
+    parameters: tuple[FittedParameter, ...]
+    leave_one_out_errors: tuple[float | None, ...] = Field(
+        description="Each run predicted by a fit to the others: (predicted - measured) / measured.")
+    band_below: float = Field(description="The band's fast half-width, relative.")
+    band_above: float = Field(description="The band's slow half-width, relative.")
+    warnings: tuple[str, ...] = ()
+
+
+def _predict(jobs: list[Job], profile: HardwareProfile) -> np.ndarray:
+    from simulator.estimator.prediction import estimate
+
+    return np.array([estimate(job, profile).iteration_time_s for job in jobs])
+
+
+def _fit(jobs: list[Job], measured: np.ndarray, base: HardwareProfile,
+         parameters: tuple[FitParameter, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values, posterior widths, prior values) of the MAP fit of ``parameters`` to the runs."""
+    from scipy.optimize import least_squares
+
+    priors = np.array([p.prior(base) for p in parameters])
+    widths = np.array([p.prior_width for p in parameters])
+    lows = np.array([p.low for p in parameters])
+    highs = np.array([p.high for p in parameters])
+    start = np.clip(priors, lows, highs)
+
+    def profile_at(values: np.ndarray) -> HardwareProfile:
+        profile = base
+        for p, v in zip(parameters, values):
+            profile = p.apply(profile, float(v))
+        return profile
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        values = priors + z * widths
+        data = np.log(_predict(jobs, profile_at(values)) / measured) / RUN_NOISE
+        return np.concatenate([data, z])  # the prior: each constant one width from its prior costs as one run
+
+    z0 = (start - priors) / widths
+    zl, zh = (lows - priors) / widths, (highs - priors) / widths
+    zh = np.maximum(zh, zl + 1e-9)
+    # start strictly inside the box: a start on a bound (a spread whose prior is 0) stalls the trust region
+    inside = np.clip(z0, zl + 1e-3 * (zh - zl), zh - 1e-3 * (zh - zl))
+    result = least_squares(residuals, inside, bounds=(zl, zh), diff_step=0.05, x_scale=1.0, max_nfev=60)
+    values = priors + result.x * widths
+    jac = result.jac[: len(jobs)]
+    precision = jac.T @ jac + np.eye(len(parameters))  # in prior widths
+    posterior = np.sqrt(np.diag(np.linalg.inv(precision))) * widths
+    return values, posterior, priors
+
+
+def _check_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile) -> None:
+    if not runs:
+        raise ConfigError("no runs to calibrate from; give at least one training log")
+    gpus = {job.cluster.gpu.name for _, job, _ in runs}
+    if len(gpus) > 1:
+        raise ConfigError(f"the runs are on {len(gpus)} GPU types ({', '.join(sorted(gpus))}); a profile describes "
+                          "one: calibrate each GPU's runs apart")
+    (gpu,) = gpus
+    if gpu != base.gpu:
+        raise ConfigError(f"the runs are on {gpu} but the profile {base.name!r} describes {base.gpu}; give --cluster "
+                          "for the runs' GPUs or that GPU's profile")
+
+
+def fit_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile,
+             parameters: tuple[FitParameter, ...] = FIT_PARAMETERS, leave_one_out: bool = True) -> RunFit:
+    """Fit ``parameters`` of ``base`` to ``runs`` ((label, job, measured iteration s)); see the module docstring."""
+    _check_runs(runs, base)
+    labels = [label for label, _, _ in runs]
+    jobs = [job for _, job, _ in runs]
+    measured = np.array([m for _, _, m in runs], dtype=float)
+    if not np.all(np.isfinite(measured)) or np.any(measured <= 0):
+        raise ConfigError("a run's measured iteration time is not a positive number; check its log")
+    if base.host is None:
+        parameters = tuple(p for p in parameters if not p.path.startswith("host."))
+    before = _predict(jobs, base)
+    values, posterior, priors = _fit(jobs, measured, base, parameters)
+    fitted = base
+    for p, v in zip(parameters, values):
+        fitted = p.apply(fitted, float(v))
+    after = _predict(jobs, fitted)
+    loo: list[float | None] = [None] * len(runs)
+    if leave_one_out and len(runs) > 1:
+        for i in range(len(runs)):
+            keep = [k for k in range(len(runs)) if k != i]
+            v_i, _, _ = _fit([jobs[k] for k in keep], measured[keep], base, parameters)
+            profile_i = base
+            for p, v in zip(parameters, v_i):
+                profile_i = p.apply(profile_i, float(v))
+            loo[i] = float(_predict([jobs[i]], profile_i)[0] / measured[i] - 1)
+    errors = [e for e in loo if e is not None]
+    # a prediction above its measurement means the truth can lie below the point: that widens the fast side
+    below = max([RUN_NOISE] + [e / (1 + e) for e in errors if e > 0])
+    above = max([RUN_NOISE] + [-e / (1 + e) for e in errors if e < 0])
+    warnings = []
+    layouts = {_layout(job) for job in jobs}
+    if len(layouts) == 1:
+        warnings.append("every run has one layout (TP, PP, CP, micro-batch): the fit cannot tell the layout's "
+                        "costs apart, and plans of other layouts keep the regime's band")
+    if len(runs) < 3:
+        warnings.append(f"{len(runs)} run(s): the band rests on {len(errors)} left-out prediction(s)")
+    params = tuple(FittedParameter(
+        name=p.name, path=p.path, prior=float(prior), value=float(v), low=p.low, high=p.high,
+        prior_width=p.prior_width, posterior_width=float(w), pinned=bool(w < PINNED_RATIO * p.prior_width),
+        source=p.source) for p, v, w, prior in zip(parameters, values, posterior, priors))
+    return RunFit(runs=tuple(labels), measured_s=tuple(measured.tolist()), predicted_before_s=tuple(before.tolist()),
+                  predicted_after_s=tuple(after.tolist()), parameters=params, leave_one_out_errors=tuple(loo),
+                  band_below=float(below), band_above=float(above), warnings=tuple(warnings))
+
+
+def _layout(job: Job) -> tuple:
+    p = job.plan
+    return (p.tensor_parallel_size, p.pipeline_parallel_size, p.context_parallel_size, p.micro_batch_size)
+
+
+def fitted_profile(base: HardwareProfile, fit: RunFit, jobs: list[Job], name: str) -> HardwareProfile:
+    """``base`` with the fitted values, its provenance naming the runs, and the band of the fit."""
+    from simulator.estimator.regime import plan_features
+
+    by_name = {p.name: p for p in FIT_PARAMETERS}
+    profile = base
+    for fp in fit.parameters:
+        profile = by_name[fp.name].apply(profile, fp.value)
+    profile = _ranges_holding_values(profile)
+    features = sorted({f for job in jobs
+                       for f in calibration_features(plan_features(job), job.plan.tensor_parallel_size)})
+    calibration = RunCalibration(
+        runs=fit.runs, band_below=fit.band_below, band_above=fit.band_above, features=tuple(features),
+        parameters={fp.name: fp.value for fp in fit.parameters},
+        pinned=tuple(fp.name for fp in fit.parameters if fp.pinned))
+    notes = (f"{base.notes} " if base.notes else "") + (
+        f"Calibrated from {len(fit.runs)} measured run(s) ({', '.join(fit.runs[:5])}"
+        f"{', ...' if len(fit.runs) > 5 else ''}) by simulator calibrate --from-runs, from {base.name}.")
+    return profile.model_copy(update={"name": name, "source": "measured", "notes": notes,
+                                      "run_calibration": calibration})
+
+
+def _ranges_holding_values(profile: HardwareProfile) -> HardwareProfile:
+    """``profile`` with each declared band range widened to hold its fitted value: the fit's range is the one
+    the value may not leave; the band's range must only hold it."""
+    for path, value, low, high in profile.unpinned():
+        if low <= value <= high:
+            continue
+        *parents, name = path.split(".")
+        holder = profile
+        for part in parents:
+            holder = getattr(holder, part)
+        ranges = {**holder.ranges, name: (min(low, value), max(high, value))}
+        if parents:
+            profile = _replace_block(profile, parents, ranges)
+        else:
+            profile = profile.model_copy(update={"ranges": ranges})
+    return profile
+
+
+def _replace_block(profile: HardwareProfile, parents: list[str], ranges: dict) -> HardwareProfile:
+    chain = [profile]
+    for part in parents:
+        chain.append(getattr(chain[-1], part))
+    new = chain[-1].model_copy(update={"ranges": ranges})
+    for parent, part in zip(reversed(chain[:-1]), reversed(parents)):
+        new = parent.model_copy(update={part: new})
+    return new
+
+
+def describe(fit: RunFit) -> list[str]:
+    """The fit in words: each constant, whether the runs pinned it, each run before and after."""
+    lines = ["constant                          prior        fitted       range                pinned"]
+    for p in fit.parameters:
+        lines.append(f"{p.name:<32}  {_fmt(p.prior):>10}  {_fmt(p.value):>10}  {_fmt(p.low):>8}..{_fmt(p.high):<8}  "
+                     + ("yes" if p.pinned else "no: stays near its prior"))
+    lines.append("")
+    lines.append("run                                  measured   before    after   left out")
+    for i, label in enumerate(fit.runs):
+        m, b, a, e = fit.measured_s[i], fit.predicted_before_s[i], fit.predicted_after_s[i], fit.leave_one_out_errors[i]
+        lines.append(f"{label[-36:]:<36} {m:8.3f}s {b / m - 1:+7.1%} {a / m - 1:+7.1%} "
+                     + ("      -" if e is None else f"{e:+9.1%}"))
+    lines.append(f"band of the fitted profile: -{fit.band_below:.1%} / +{fit.band_above:.1%} "
+                 "(the largest leave-one-run-out errors on each side)")
+    lines += [f"warning: {w}" for w in fit.warnings]
+    return lines
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}" if abs(x) >= 1e-3 or x == 0 else f"{x * 1e6:.3g}u"

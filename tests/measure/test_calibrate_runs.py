@@ -1,0 +1,133 @@
+"""A profile fitted to measured runs: it recovers a constant the runs can see, leaves one they cannot at its
+prior, never leaves a declared range, and carries its provenance and band into every command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from simulator.cli import cli
+from simulator.cli.options import job_from_options
+from simulator.cost.profile import default_profile, load_profile
+from simulator.estimator.band import band, run_band
+from simulator.estimator.prediction import estimate
+from simulator.measure.calibrate_runs import FIT_PARAMETERS, fit_runs, fitted_profile
+from simulator.spec.errors import ConfigError
+from tests.measure import log_fixtures as fx
+
+BASE = default_profile("A100-SXM4-80GB")
+PARTIAL = "partial-node communicator efficiency"
+
+
+def _job(tp: int, gpus: int = 64, gbs: int = 64, distributed_optimizer: bool = False):
+    """A small global batch: the data-parallel reduction is a large share of the iteration."""
+    return job_from_options(model="gpt3-2.7b", cluster="dgx-a100-80gb", gpus=gpus, tensor_parallel_size=tp,
+                            micro_batch_size=1, global_batch_size=gbs, sequence_parallel=tp > 1,
+                            use_distributed_optimizer=distributed_optimizer)
+
+
+def _measured(jobs, truth):
+    return [(f"tp{j.plan.tensor_parallel_size}-dp{j.plan.data_parallel_size}", j, estimate(j, truth).iteration_time_s)
+            for j in jobs]
+
+
+@pytest.fixture(scope="module")
+def recovered():
+    """Runs timed with a slower partial-node path than the published profile's: TP 1, 2, 4 and 8 on 8 nodes."""
+    truth = BASE.with_value("collectives.network.partial_node_efficiency", 0.6)
+    jobs = [_job(tp, gbs=gbs) for tp in (1, 2, 4, 8) for gbs in (64, 128)]
+    runs = _measured(jobs, truth)
+    return runs, fit_runs(runs, BASE)
+
+
+def test_a_constant_the_runs_see_is_recovered_and_pinned(recovered):
+    runs, fit = recovered
+    by_name = {p.name: p for p in fit.parameters}
+    partial = by_name[PARTIAL]
+    assert partial.pinned
+    assert partial.value < 0.8  # moved from its prior of 1 most of the way to the truth's 0.6
+    before = [abs(b / m - 1) for b, m in zip(fit.predicted_before_s, fit.measured_s)]
+    after = [abs(a / m - 1) for a, m in zip(fit.predicted_after_s, fit.measured_s)]
+    assert max(after) < max(before)
+
+
+def test_every_fitted_value_stays_inside_its_declared_range(recovered):
+    _, fit = recovered
+    for p in fit.parameters:
+        assert p.low <= p.value <= p.high, p
+
+
+def test_runs_that_vary_only_dp_leave_the_partial_node_path_at_its_prior():
+    """Whole-node data-parallel groups (TP 1) never use a partial-node ring: nothing pins its efficiency."""
+    jobs = [_job(1, gpus) for gpus in (16, 32, 64)]
+    runs = [(label, job, t * 1.15) for label, job, t in _measured(jobs, BASE)]
+    fit = fit_runs(runs, BASE, leave_one_out=False)
+    partial = {p.name: p for p in fit.parameters}[PARTIAL]
+    assert partial.value == pytest.approx(partial.prior, abs=1e-3) and not partial.pinned
+    assert any("one layout" in w for w in fit.warnings)
+
+
+def test_absurd_runs_push_constants_to_their_range_ends_and_no_further():
+    runs = [(label, job, t * 5) for label, job, t in _measured([_job(2), _job(4, 32)], BASE)]
+    fit = fit_runs(runs, BASE, leave_one_out=False)
+    for p in fit.parameters:
+        assert p.low <= p.value <= p.high, p
+    assert any(p.value in (p.low, p.high) for p in fit.parameters)
+
+
+def test_runs_on_another_gpu_than_the_profile_are_refused():
+    job = job_from_options(model="gpt3-2.7b", cluster="dgx-h100", gpus=16, global_batch_size=64)
+    with pytest.raises(ConfigError, match="profile"):
+        fit_runs([("h100", job, 1.0)], BASE)
+
+
+def test_the_fitted_profile_carries_its_runs_and_its_band_only_for_plans_like_them(recovered, tmp_path):
+    runs, fit = recovered
+    profile = fitted_profile(BASE, fit, [job for _, job, _ in runs], "mine")
+    assert profile.run_calibration.runs == fit.runs
+    assert profile.source == "measured" and "Calibrated from 8 measured run(s)" in profile.notes
+    like = _job(2, 32)  # TP 2, unsharded: as the runs
+    assert run_band(like, profile) == (fit.band_below, fit.band_above)
+    unlike = _job(2, 32, distributed_optimizer=True)  # sharded optimizer state, which none of the runs had
+    assert run_band(unlike, profile) is None
+    b = band(like, profile)
+    t = estimate(like, profile).iteration_time_s
+    assert b.iteration_time_s_low <= t * (1 - fit.band_below) + 1e-12
+    assert b.iteration_time_s_high >= t * (1 + fit.band_above) - 1e-12
+    path = tmp_path / "mine.json"
+    path.write_text(profile.model_dump_json())
+    assert load_profile(path) == profile
+
+
+def test_the_declared_parameters_are_data_with_ranges_and_sources():
+    for p in FIT_PARAMETERS:
+        assert p.low < p.high and p.prior_width > 0 and p.source
+        for path in p.path.split("+"):
+            assert p.low <= p.prior(BASE) <= p.high or p.scaled, p.name
+
+
+def test_calibrate_from_runs_writes_a_profile_that_plan_and_validate_take(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for tp, dp in ((2, 4), (4, 2)):
+        args = dict(fx.ARGUMENTS, tensor_model_parallel_size=tp, data_parallel_size=dp)
+        fx.write(logs / f"tp{tp}.log", fx.megatron_lm_log(arguments=args))
+    out = tmp_path / "fitted.json"
+    runner = CliRunner()
+    result = runner.invoke(cli, ["calibrate", "--from-runs", str(logs), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert len(data["fit"]["runs"]) == 2 and load_profile(out).run_calibration is not None
+    again = runner.invoke(cli, ["validate", str(logs), "--profile", str(out), "--json"])
+    assert again.exit_code == 0, again.output
+    plan = runner.invoke(cli, ["plan", "--model", "gpt3-2.7b", "--gpus", "16", "--gbs", "256", "--tp", "2",
+                               "--profile", str(out)])
+    assert plan.exit_code == 0, plan.output
+
+
+def test_measuring_flags_do_not_mix_with_from_runs(tmp_path):
+    result = CliRunner().invoke(cli, ["calibrate", "--from-runs", "x.log", "--device", "cpu", "--out",
+                                      str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and "--from-runs fits to logged runs" in result.output
