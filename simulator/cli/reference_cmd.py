@@ -38,7 +38,10 @@ Examples:
 @click.option("--threads", type=click.IntRange(min=1, max=1024), default=1, show_default=True,
               help="Torch threads per rank, set and checked (Megatron runs one; validate against a profile "
                    "measured with as many).")
-def reference(device: str, iterations: int, out: Path, seed: int, threads: int, **options: Any) -> None:
+@click.option("--megatron-log", "megatron_log", type=OutputFile("training log"), default=None,
+              help="Also write the run as Megatron-LM's training log (what validate and calibrate --from-runs read).")
+def reference(device: str, iterations: int, out: Path, seed: int, threads: int, megatron_log: Path | None,
+              **options: Any) -> None:
     """Train the model with the plan for a few iterations under torchrun (TP x CP x PP x DP processes)."""
     from calibration.reference.launch import check_supported, run_reference
 
@@ -58,6 +61,11 @@ def reference(device: str, iterations: int, out: Path, seed: int, threads: int, 
     job = job_from_options(**options)
     check_supported(job)
     record = run_reference(job, device=device, iterations=iterations, out=out, seed=seed, threads=threads)
+    if megatron_log is not None:
+        from simulator.cli.reference_log import megatron_log_lines
+        from simulator.spec._io import write_output
+
+        write_output(megatron_log, "\n".join(megatron_log_lines(job, record)) + "\n", "training log")
     if options["as_json"]:
         click.echo(record.model_dump_json(indent=2))
         return

@@ -37,7 +37,8 @@ def job_of_log(log: MegatronLog, cluster: str, model: str, launch_path: str | No
     split = options.pop("pipeline_layer_split", None)
     job = job_from_options(
         model_overrides=overrides, plan_overrides={"pipeline_layer_split": split} if split else None,
-        **{**options, "model": model, "cluster": cluster})
+        # a run that put TP across nodes did run: the rule that refuses it guards plans, not measurements
+        **{**options, "model": model, "cluster": cluster, "allow_tp_across_nodes": True})
     if log.arguments is not None and world is None:
         notes.append("the arguments block has no world_size; the GPUs came from its parallel sizes")
     notes.append(f"cluster {cluster}: a log does not say which GPUs and network it ran on; give --cluster")

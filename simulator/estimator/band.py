@@ -159,8 +159,12 @@ def band(job: Job, profile=None, iteration_time_s: float | None = None, mfu: flo
         est = estimate(job, profile)
         iteration_time_s = est.iteration_time_s if iteration_time_s is None else iteration_time_s
         mfu = est.mfu if mfu is None else mfu
-    low, high, regime = widened(job, iteration_time_s, mfu, estimate(job, c.fast).iteration_time_s,
-                                estimate(job, c.slow).iteration_time_s, calibrated)
+    if calibrated is not None:
+        # runs like this plan measured what the unpinned constants do to it: their left-out errors are the band
+        fast_s = slow_s = iteration_time_s
+    else:
+        fast_s, slow_s = estimate(job, c.fast).iteration_time_s, estimate(job, c.slow).iteration_time_s
+    low, high, regime = widened(job, iteration_time_s, mfu, fast_s, slow_s, calibrated)
     return Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=c.drivers, regime=regime)
 
 

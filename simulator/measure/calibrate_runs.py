@@ -237,7 +237,7 @@ def fitted_profile(base: HardwareProfile, fit: RunFit, jobs: list[Job], name: st
     profile = base
     for fp in fit.parameters:
         profile = by_name[fp.name].apply(profile, fp.value)
-    profile = _ranges_holding_values(profile)
+    profile = _with_sources(_ranges_holding_values(profile), fit)
     features = sorted({f for job in jobs
                        for f in calibration_features(plan_features(job), job.plan.tensor_parallel_size)})
     calibration = RunCalibration(
@@ -249,6 +249,30 @@ def fitted_profile(base: HardwareProfile, fit: RunFit, jobs: list[Job], name: st
         f"{', ...' if len(fit.runs) > 5 else ''}) by simulator calibrate --from-runs, from {base.name}.")
     return profile.model_copy(update={"name": name, "source": "measured", "notes": notes,
                                       "run_calibration": calibration})
+
+
+_TOP_SOURCES = {"sustained_clock_fraction": "sustained_clock_source", "device_speed_spread": "device_speed_spread_source",
+                "overlap_compute_slowdown": "overlap_source"}
+
+
+def _with_sources(profile: HardwareProfile, fit: RunFit) -> HardwareProfile:
+    """Each fitted number's source says the fit set it, from which runs and prior: the profile's provenance."""
+    runs = f"{len(fit.runs)} measured run(s) ({', '.join(fit.runs[:3])}{', ...' if len(fit.runs) > 3 else ''})"
+    for fp in fit.parameters:
+        text = (f"fitted by calibrate --from-runs to {runs}: {fp.name} {fp.value:.4g} (prior {fp.prior:.4g}, "
+                f"range {fp.low:g}-{fp.high:g}, {'pinned by the runs' if fp.pinned else 'not pinned: near its prior'})")
+        for path in fp.path.split("+"):
+            *parents, name = path.split(".")
+            if not parents:
+                profile = profile.model_copy(update={_TOP_SOURCES[name]: text})
+                continue
+            block = profile
+            for part in parents:
+                block = getattr(block, part)
+            if block is None:
+                continue
+            profile = _replace_block(profile, parents, {**block.ranges}, {**block.sources, name: text})
+    return profile
 
 
 def _ranges_holding_values(profile: HardwareProfile) -> HardwareProfile:
@@ -269,11 +293,12 @@ def _ranges_holding_values(profile: HardwareProfile) -> HardwareProfile:
     return profile
 
 
-def _replace_block(profile: HardwareProfile, parents: list[str], ranges: dict) -> HardwareProfile:
+def _replace_block(profile: HardwareProfile, parents: list[str], ranges: dict,
+                   sources: dict | None = None) -> HardwareProfile:
     chain = [profile]
     for part in parents:
         chain.append(getattr(chain[-1], part))
-    new = chain[-1].model_copy(update={"ranges": ranges})
+    new = chain[-1].model_copy(update={"ranges": ranges, **({"sources": sources} if sources is not None else {})})
     for parent, part in zip(reversed(chain[:-1]), reversed(parents)):
         new = parent.model_copy(update={part: new})
     return new

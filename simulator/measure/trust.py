@@ -52,6 +52,7 @@ def registry_section(headline_job=None, headline_days: float | None = None) -> t
             cells = ", ".join(f"{tag} {v}: {_pct(bias)} ({n})" for v, (_, bias, n) in by.items())
             lines += ["", f"{ds.key}, signed bias by {tag} (runs): {cells}"]
     lines += _host_fit_left_out(data)
+    lines += _from_runs_protocol(data)
     lines += _layer_sweep(data)
     lines += _what_ifs(data)
     table = band_table()
@@ -129,6 +130,39 @@ def _host_fit_left_out(data: dict) -> list[str]:
             "weighing the same (`python -m calibration.fit_host_overhead`); the rows above show how far that fit "
             "carries to a set it did not see."]
     data["host_fit_left_out"] = table["rows"]
+    return lines
+
+
+def _from_runs_protocol(data: dict) -> list[str]:
+    """``calibrate --from-runs`` on three runs of a set, judged on the rest (the committed protocol table)."""
+    path = resources.files("calibration") / "published" / "from_runs_protocol.json"
+    if not path.is_file():
+        return []
+    table = json.loads(path.read_text(encoding="utf-8"))
+    lines = ["", "A user's own runs: `simulator calibrate --from-runs` fitted to three runs of a set, picked by a rule "
+             "fixed before any error was seen (the smallest, median and largest GPU counts), and judged on the rest "
+             f"of the set against the uncalibrated profile (`{table['command']}`). The band is the calibrated "
+             "profile's, on an evenly spaced sample of the runs left; where the three runs had other regime features "
+             "or TP sizes, a run keeps the regime's band:", "",
+             "| set | fitted to | judged on | mean abs. error uncalibrated | calibrated | bias uncalibrated | "
+             "calibrated | band coverage / width where it applies | over all |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(b: dict) -> str:
+        return "-" if not b["runs"] else f"{b['coverage']:.0%} / {b['median_width']:.0%} ({b['runs']})"
+
+    for row in table["rows"]:
+        u, c = row["uncalibrated"], row["calibrated"]
+        lines.append(f"| {row['set']} | {'; '.join(row['chosen'])} | {row['judged_on']} | {u['mean_abs_error']:.1%} | "
+                     f"{c['mean_abs_error']:.1%} | {_pct(u['bias'])} | {_pct(c['bias'])} | "
+                     f"{cell(row['band_where_it_applies'])} | {cell(row['band_all'])} |")
+    worse = [row["set"] for row in table["rows"]
+             if row["calibrated"]["mean_abs_error"] > row["uncalibrated"]["mean_abs_error"]]
+    if worse:
+        lines += ["", "Fitted to three runs, the profile predicts the rest of " + ", ".join(worse) + " worse than "
+                  "the uncalibrated one: the model's remaining error depends on the layout (section 7's bias by TP), "
+                  "and the constants three runs can move shift every layout alike, so a run of a badly predicted "
+                  "layout among the three pulls the others off. Runs like the plan to be made carry further."]
+    data["from_runs_protocol"] = table["rows"]
     return lines
 
 

@@ -172,9 +172,11 @@ def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: lis
         job = Job.model_construct(model=req.model, cluster=req.cluster, plan=cand.plan)
         own = corners_by(base_profile, lambda path, end: screen_at(base_profile.with_value(path, end), cand, layout)
                          / base - 1, unread=unread_constants(job))
-        fast, slow = (t * screen_at(c, cand, layout) / base for c in (own.fast, own.slow))
-        low, high, regime = widened(job, t, est.mfu, min(t, fast, slow), max(t, fast, slow),
-                                    run_band(job, base_profile))
+        calibrated = run_band(job, base_profile)
+        # a profile fitted to runs like this plan: their left-out errors are its band, not the corners
+        fast, slow = (t, t) if calibrated is not None else (t * screen_at(c, cand, layout) / base
+                                                            for c in (own.fast, own.slow))
+        low, high, regime = widened(job, t, est.mfu, min(t, fast, slow), max(t, fast, slow), calibrated)
         b = Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=own.drivers, regime=regime)
         rows.append((_rank_key(req, job, t, high), banded(est, b), cand, layout, own))
     rows.sort(key=lambda r: (r[0], r[1].iteration_time_s))  # stable: ties keep the engine's order
