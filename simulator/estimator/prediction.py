@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,8 +63,14 @@ class Estimate(BaseModel):
     iteration_time_s: float
     mfu: float = Field(description="Model FLOPs utilisation, Korthikanti Appendix A (Eq. 7 FLOPs), against the dense "
                                    "peak of the plan's precision (bf16 for FP8 plans, as Megatron reports it); "
-                                   "at most 1.")
-    hfu: float = Field(description="Hardware FLOPs utilisation: FLOPs executed, recompute included; at most 1.")
+                                   "at most 1. Attention counts the full s x s product, as Megatron reports MFU, "
+                                   "though a causal kernel runs about half of it (mfu_attention_count).")
+    mfu_attention_count: Literal["full s x s"] = Field(
+        "full s x s", description="How MFU, HFU and tflops_per_gpu count attention's score and context products: "
+                                  "the full s x s, as Korthikanti's Eq. 7 and Megatron's reported MFU do, not the "
+                                  "causal half a flash kernel executes.")
+    hfu: float = Field(description="Hardware FLOPs utilisation: MFU's FLOPs plus those recompute replays (these "
+                                   "counted op by op, as the kernels run them); at most 1.")
     utilisation_note: str | None = Field(
         None, description="Set when MFU or HFU came out above 1 and is shown as 1, with the values and why.")
     tokens_per_s: float
@@ -195,6 +202,35 @@ def recompute_flops_per_iteration(job: Job) -> float:
     micro_batches = plan.global_batch_size // plan.micro_batch_size
     # each rank of a TP x CP group replays its part; expert work is per rank too (tokens x k copies)
     return flops * plan.tensor_parallel_size * plan.context_parallel_size * micro_batches
+
+
+def executed_flops_by_stage(job: Job) -> tuple[float, ...]:
+    """FLOPs one GPU of each pipeline stage executes in one iteration, counted op by op as its kernels run
+    them: a causal flash kernel does half the s x s product (its backward 2.5x its forward, as it recomputes
+    the scores) where Eq. 7 counts all of it, Megatron's unfused path does all of it, and recompute replays
+    its ops. An MoE layer's experts are the busiest expert rank's."""
+    from simulator.graph.layers import embedding_extras, ordered_ops, output_extras, transformer_layer
+
+    def flops(*graphs) -> float:
+        return sum(op.flops for g in graphs for op in ordered_ops(g))
+
+    plan = job.plan
+    layers = {moe: transformer_layer(job.model, plan, moe) for moe in ((False, True) if job.model.is_moe else (False,))}
+    played = {moe: (flops(g.forward, g.backward), flops(g.recompute)) for moe, g in layers.items()}
+    emb, out = embedding_extras(job.model, plan), output_extras(job.model, plan)
+    p = plan.pipeline_parallel_size
+    per_stage = []
+    for stage, chunks in enumerate(job.chunk_layers):
+        total = 0.0
+        for c, n in enumerate(chunks):
+            for moe, k, replayed in replayed_runs(job.chunk_runs(stage, c), recomputed_layers(job, n)):
+                total += k * played[moe][0] + replayed * played[moe][1]
+        if stage == 0:
+            total += flops(emb.forward, emb.backward)
+        if stage == p - 1:
+            total += flops(out.forward, out.backward)
+        per_stage.append(total * plan.num_micro_batches)
+    return tuple(per_stage)
 
 
 def simulate_job(job: Job, profile=None, tokens: float | None = None, record: bool = False,
