@@ -118,7 +118,8 @@ def render(job, est, notes: list[str] = (), goodput=None) -> str:
         *([experts_line(job.model, plan)] if job.model.is_moe else []),
         "",
         f"iteration time   {T:9.3f} s" + _band(est.iteration_time_s_low, est.iteration_time_s_high, "s", 3),
-        f"MFU / HFU        {est.mfu * 100:8.1f} % / {est.hfu * 100:.1f} %   ({est.tflops_per_gpu:.0f} model TFLOP/s per GPU)",
+        f"MFU / HFU        {est.mfu * 100:8.1f} % / {est.hfu * 100:.1f} %   ({est.tflops_per_gpu:.0f} model TFLOP/s per GPU; "
+        f"attention counted {est.mfu_attention_count}, as Megatron reports MFU)",
         f"throughput       {est.tokens_per_s:9.0f} tokens/s",
         *([f"note: {est.utilisation_note}"] if est.utilisation_note else []),
         "",

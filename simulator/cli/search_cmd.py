@@ -62,6 +62,35 @@ def _goodputs(req, result, tokens) -> list:
         return []  # the cluster's own failure rates leave no expected days at this size: the ideal ones stand
 
 
+def rank_by_point_pick(plans: list, req):
+    """The plan ``--rank-by point`` would put first, where the search's own ranking put another first; None
+    where the two agree or the search ranked by the predicted time already. ``plans``: every finalist, ranked."""
+    from simulator.planner.space import RankBy
+
+    if req.rank_by is RankBy.point or not plans:
+        return None
+    fastest = min(plans, key=lambda r: r.estimate.iteration_time_s)  # of equal times, the first ranked, as point's
+    return fastest if fastest.estimate.iteration_time_s < plans[0].estimate.iteration_time_s else None
+
+
+def _point_pick_json(pick, top: int):
+    if pick is None:
+        return None
+    return {"rank": pick.rank, "listed": pick.rank <= top, "plan_name": _describe(pick.plan),
+            "plan": pick.plan.model_dump(mode="json"), "iteration_time_s": pick.estimate.iteration_time_s,
+            "rank_key_s": pick.rank_key_s}
+
+
+_RANK_KEY_WORDS = {"upper": "band's slow end", "expected-days": "wall time per useful iteration"}
+
+
+def _point_pick_line(pick, best, top: int, rank_by: str) -> str:
+    where = f"#{pick.rank}" + ("" if pick.rank <= top else f", not among the {top} listed")
+    return (f"--rank-by point would pick {_describe(pick.plan)} ({where}): predicted "
+            f"{pick.estimate.iteration_time_s:.4g} s against {best.estimate.iteration_time_s:.4g} s for #1, whose "
+            f"{_RANK_KEY_WORDS.get(rank_by, 'rank key')} is {best.rank_key_s:.4g} s against {pick.rank_key_s:.4g} s")
+
+
 def check_pins(req, attention_backend: str | None = None, use_flash_attention: bool = False) -> None:
     """Refuse a pinned dimension, or a setting every plan of the search takes, that breaks a rule, with the
     sentence `simulator plan` gives: a probe plan is built from them by the mapping `plan` uses
@@ -214,9 +243,13 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
                                file=sys.stderr)
         bars[phase].update(done - bars[phase].n)
 
-    result = search(req, profile, tokens=tokens, top=top, progress=progress)
+    # every finalist the engine simulates comes back ranked (it simulates them all whatever the top asked for), so
+    # the plan --rank-by point would pick is named even when it is not among those listed
+    result = search(req, profile, tokens=tokens, top=max(top, req.finalists), progress=progress)
     for bar in bars.values():
         bar.close()
+    point_pick = rank_by_point_pick(result.plans, req)
+    result = result.model_copy(update={"plans": result.plans[:top]})
     best = result.best
     job = Job(model=req.model, cluster=req.cluster, plan=best.plan)
     goodputs = _goodputs(req, result, tokens)
@@ -256,7 +289,8 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
                        "outside_regime_reasons": list(r.outside_regime_reasons), "rank_key_s": r.rank_key_s,
                        "goodput": goodputs[i].model_dump(mode="json") if goodputs else None}
                       for i, r in enumerate(result.plans)],
-            "rank_by": req.rank_by.value,
+            "rank_by": req.rank_by.value, "rank_by_point_pick": _point_pick_json(point_pick, top),
+            "mfu_attention_count": best.estimate.mfu_attention_count,
             "enumerated": result.enumerated, "pruned_memory": result.pruned_memory,
             "screened": len(result.screened), "simulated": result.simulated, "elapsed_s": result.elapsed_s,
             **launch_json(job, interval, req.goodput.async_save),
@@ -299,10 +333,14 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     outside = [r for r in result.plans if r.estimate.outside_validated_range]
     if outside:
         click.echo(f"! {outside[0].estimate.validation_note}")
+    click.echo(f"MFU counts attention {best.estimate.mfu_attention_count}, as Megatron reports it (a causal flash "
+               "kernel runs about half of that product)")
     click.echo("ranked by " + {"upper": "the slow end of each plan's band (--rank-by point: by the time alone)",
                                "point": "the predicted time (--rank-by upper: by the band's slow end)",
                                "expected-days": "the expected days with failures, checkpoints and restarts (the "
                                                 "iteration time over the run's ETTR)"}[req.rank_by.value])
+    if point_pick is not None:
+        click.echo(_point_pick_line(point_pick, best, top, req.rank_by.value))
     if goodputs:
         click.echo("expected: days with failures, checkpoints and restarts; the best plan's:"
                    + "\n".join(render_goodput(goodputs[0])))

@@ -3,7 +3,8 @@
 A row is a plan's layout (Megatron's names), its closed-form screen time with the throughput and
 MFU that time gives, its peak memory, and the engine's time when the search simulated it. Every
 plan of one search has the same model FLOPs and peak, so MFU is the simulated best plan's MFU
-scaled by the ratio of times.
+scaled by the ratio of times; like every MFU here it counts attention's full s x s product, as Megatron
+reports MFU, though a causal flash kernel runs about half of it.
 """
 
 from __future__ import annotations
