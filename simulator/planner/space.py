@@ -251,7 +251,7 @@ def candidates(req: SearchRequest) -> Iterator[Candidate]:
                             chunk = max(max(c_) for c_ in split_layers(L, p, v, split))
                             for ep, etp in _expert_layouts(m, c.gpus_per_node, pins, t, cp, d):
                                 yield from _variants(pins, t, cp, p, d, v, mbs, tuple(split.items()), chunk, ep, etp,
-                                                     sp_splits=(s // cp) % t == 0)
+                                                     sp_splits=(s // cp) % t == 0, moe=m.is_moe)
 
 
 def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
@@ -278,10 +278,10 @@ def _expert_layouts(m: ModelSpec, gpus_per_node: int, pins: SearchPins, t: int, 
 
 
 def _variants(pins: SearchPins, t: int, cp: int, p: int, d: int, v: int, mbs: int, split: tuple, chunk: int,
-              ep: int = 1, etp: int | None = None, sp_splits: bool = True) -> Iterator[Candidate]:
+              ep: int = 1, etp: int | None = None, sp_splits: bool = True, moe: bool = False) -> Iterator[Candidate]:
     """``sp_splits``: TP divides each CP rank's sequence, as sequence parallelism needs."""
-    # expert parallelism beside tensor parallelism needs sequence parallelism (Megatron's rule)
-    sps = ([True] if ep > 1 else [False, True]) if t > 1 else [False]
+    # experts beside tensor parallelism need sequence parallelism (Megatron's rule, for EP 1 too)
+    sps = ([True] if moe else [False, True]) if t > 1 else [False]
     if not sp_splits:
         sps = [sp for sp in sps if not sp]
     shardings = [DataParallelSharding.no_shard, DataParallelSharding.optim] if d * cp > 1 else [DataParallelSharding.no_shard]

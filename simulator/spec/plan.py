@@ -148,8 +148,9 @@ class Job(BaseModel):
             raise ValueError(f"tensor_parallel_size={t} does not divide moe_shared_expert_intermediate_size={shared} "
                              f"(the shared experts are split over TP like a dense MLP); "
                              f"use {_say_divisors(shared, self.cluster.gpus_per_node)}")
-        # Megatron's rule (arguments.py): the dispatcher takes each TP rank's sequence-parallel shard
-        if ep > 1 and t > 1 and not p.sequence_parallel:
+        # Megatron's rule (validate_args asserts it for any model with experts, at EP 1 too: "When using MoE and
+        # tensor parallelism, sequence parallelism must be used"): the dispatcher takes each TP rank's shard
+        if t > 1 and not p.sequence_parallel:
             raise ValueError(f"expert_model_parallel_size={ep} with tensor_parallel_size={t} needs sequence_parallel "
                              "(Megatron's rule); turn sequence parallelism on")
         return self

@@ -38,9 +38,10 @@ def job(model: ModelSpec, cluster: str = "dgx-h100", **plan) -> Job:
      r"a stage; pick sizes whose product divides 2$"),
     (MIXTRAL, {"tensor_parallel_size": 4, "sequence_parallel": True, "expert_model_parallel_size": 2},
      r"expert_model_parallel_size=2 x expert_tensor_parallel_size=4 does not divide the 4 TP x CP x DP ranks"),
-    (MIXTRAL.model_copy(update={"moe_ffn_hidden_size": 14334}), {"tensor_parallel_size": 4},
+    (MIXTRAL.model_copy(update={"moe_ffn_hidden_size": 14334}), {"tensor_parallel_size": 4, "sequence_parallel": True},
      r"expert_tensor_parallel_size=4 does not divide the experts' moe_ffn_hidden_size=14334; use 1 or 2$"),
-    (QWEN15.model_copy(update={"moe_shared_expert_intermediate_size": 5630}), {"tensor_parallel_size": 4},
+    (QWEN15.model_copy(update={"moe_shared_expert_intermediate_size": 5630}),
+     {"tensor_parallel_size": 4, "sequence_parallel": True},
      r"tensor_parallel_size=4 does not divide moe_shared_expert_intermediate_size=5630 \(the shared experts"),
     (MIXTRAL, {"tensor_parallel_size": 2, "data_parallel_size": 4, "expert_model_parallel_size": 8,
                "expert_tensor_parallel_size": 1},
@@ -66,9 +67,17 @@ def test_the_job_takes_the_expert_layouts_megatron_builds():
     capped = MIXTRAL.model_copy(update={"moe_expert_capacity_factor": 1.25})
     assert job(capped, tensor_parallel_size=4, sequence_parallel=True, data_parallel_size=2,
                expert_model_parallel_size=8, expert_tensor_parallel_size=1).plan.expert_data_parallel_size == 1
-    # EP 1 with TP needs no SP; ETP across nodes when insisted on
-    job(MIXTRAL, tensor_parallel_size=2)
+    # EP 1 with TP and SP; ETP across nodes when insisted on
+    job(MIXTRAL, tensor_parallel_size=2, sequence_parallel=True)
     job(MIXTRAL, data_parallel_size=16, expert_tensor_parallel_size=16, allow_tp_across_nodes=True)
+
+
+def test_experts_beside_tensor_parallelism_need_sequence_parallelism_at_ep_1_too():
+    """megatron/training/arguments.py: 'When using MoE and tensor parallelism, sequence parallelism must be used',
+    asserted whenever num_experts is set, whatever the expert-parallel size."""
+    with pytest.raises(ConfigError, match=r"expert_model_parallel_size=1 with tensor_parallel_size=2 needs "
+                                          r"sequence_parallel"):
+        job(MIXTRAL, tensor_parallel_size=2)
 
 
 # --- the deepseek-v3-style preset ----------------------------------------------------------------
