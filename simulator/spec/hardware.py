@@ -34,14 +34,39 @@ class PeakTflops(BaseModel):
     tf32: float = Field(**_TFLOPS)
     fp32: float = Field(description="Non-tensor-core FP32.", **_TFLOPS)
     fp8: float | None = Field(None, description="Hopper and later only.", **_TFLOPS)
+    mxfp8: float | None = Field(
+        None, description="Blackwell and later: FP8 with a power-of-two scale per 32 elements (OCP microscaling), "
+                          "the recipe Transformer Engine and Megatron use there.", **_TFLOPS)
+
+
+def _field_value(spec: BaseModel, dotted: str):
+    """The number a dotted name (``peak_tflops.bf16``) names in ``spec``; None when it names none."""
+    value: object = spec
+    for part in dotted.split("."):
+        if not isinstance(value, BaseModel) or part not in type(value).model_fields:
+            return None
+        value = getattr(value, part)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _check_ranges(spec: BaseModel, ranges: dict[str, tuple[float, float]]) -> None:
+    """Each declared range names a number of the spec and holds its value."""
+    for name, (low, high) in ranges.items():
+        value = _field_value(spec, name)
+        if value is None:
+            raise ValueError(f"{spec.name}: ranges names {name!r}, which is no number of this spec; use a field "
+                             "name, dotted for a peak (peak_tflops.bf16)")
+        if not low <= value <= high:
+            raise ValueError(f"{spec.name}: {name}={value:g} lies outside its range [{low:g}, {high:g}]; widen the "
+                             "range or fix the value")
 
 
 def _require_sources(spec: BaseModel, sources: dict[str, str]) -> None:
     missing = [
         name
         for name, field in type(spec).model_fields.items()
-        if name not in {"name", "sources", "gpu", "architecture", "nvswitch", "fabric", "asynchronous", "storage",
-                        "reliability"}
+        if name not in {"name", "sources", "ranges", "gpu", "architecture", "nvswitch", "fabric", "asynchronous",
+                        "storage", "reliability"}
         and getattr(spec, name) is not None
         and name not in sources
     ]
@@ -70,10 +95,15 @@ class GpuSpec(BaseModel):
         True, description="The host queues work and runs ahead of the device (CUDA streams); false for a CPU, "
                           "where each op runs on the thread that issues it.")
     sources: dict[str, str]
+    ranges: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="Where the spec sheets disagree or a number is not published for the exact "
+                                          "part: the (low, high) a field may take, by name (peak_tflops.fp8 for a "
+                                          "peak); its source says why.")
 
     @model_validator(mode="after")
     def _every_number_has_a_source(self) -> "GpuSpec":
         _require_sources(self, self.sources)
+        _check_ranges(self, self.ranges)
         return self
 
     def __hash__(self) -> int:  # the sources dict is documentation, not identity

@@ -1,0 +1,64 @@
+"""Blackwell hardware data: every number of the B200 and GB200 specs has a value, a range and a source."""
+
+from __future__ import annotations
+
+import pytest
+
+from hardware_specs import SPEC_DIR
+from simulator.spec.errors import ConfigError
+from simulator.spec.hardware import GIB, GpuSpec, PeakTflops, load_gpu
+
+BLACKWELL_GPUS = {"B200-SXM-180GB": 183_359, "GB200-186GB": 189_471}  # MiB the device exposes (nvidia-smi)
+
+
+def _numbers(spec: GpuSpec) -> list[str]:
+    """Every number of a GPU spec, peaks by their dotted name."""
+    peaks = [f"peak_tflops.{k}" for k in PeakTflops.model_fields if getattr(spec.peak_tflops, k) is not None]
+    plain = [k for k, f in GpuSpec.model_fields.items()
+             if f.annotation in (int, float) and getattr(spec, k) is not None]
+    return peaks + plain
+
+
+@pytest.mark.parametrize("name", BLACKWELL_GPUS)
+def test_every_blackwell_number_has_value_range_and_source(name):
+    gpu = load_gpu(name)
+    assert gpu.architecture == "blackwell"
+    numbers = _numbers(gpu)
+    assert {"peak_tflops.bf16", "peak_tflops.fp8", "peak_tflops.mxfp8", "hbm_capacity_gib", "hbm_bandwidth_gbps",
+            "nvlink_bandwidth_gbps_per_direction", "tdp_w"} <= set(numbers)
+    assert set(gpu.ranges) == set(numbers), "a Blackwell number without a range"
+    for key in {n.split(".")[0] for n in numbers}:
+        assert gpu.sources[key].strip(), key
+    # MXFP8 runs on the FP8 tensor cores: the same peak, the same range
+    assert gpu.peak_tflops.mxfp8 == gpu.peak_tflops.fp8
+    assert gpu.ranges["peak_tflops.mxfp8"] == gpu.ranges["peak_tflops.fp8"]
+
+
+@pytest.mark.parametrize("name,mib", BLACKWELL_GPUS.items())
+def test_blackwell_memory_is_what_the_device_exposes(name, mib):
+    assert load_gpu(name).hbm_capacity_gib == pytest.approx(mib / 1024, abs=0.01)
+    assert load_gpu(name).memory_bytes == pytest.approx(mib * 2**20, rel=1e-4)
+    assert load_gpu(name).memory_bytes > 160 * GIB
+
+
+def test_gpus_before_blackwell_have_no_mxfp8():
+    for name in ("A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB"):
+        assert load_gpu(name).peak_tflops.mxfp8 is None
+
+
+def _edited(tmp_path, old: str, new: str) -> str:
+    src = (SPEC_DIR / "gpus" / "b200-sxm-180gb.yaml").read_text()
+    assert old in src
+    path = tmp_path / "g.yaml"
+    path.write_text(src.replace(old, new))
+    return str(path)
+
+
+def test_a_value_outside_its_declared_range_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"tdp_w=1000 lies outside its range \[700, 900\]"):
+        load_gpu(_edited(tmp_path, "tdp_w: [700, 1000]", "tdp_w: [700, 900]"))
+
+
+def test_a_range_must_name_a_number_of_the_spec(tmp_path):
+    with pytest.raises(ConfigError, match="ranges names 'peak_tflops.fp4'"):
+        load_gpu(_edited(tmp_path, "  tdp_w: [700, 1000]", "  tdp_w: [700, 1000]\n  peak_tflops.fp4: [1, 2]"))
