@@ -70,7 +70,8 @@ def protocol(key: str) -> dict:
     return {
         "set": key, "chosen": [r.label for r in chosen], "judged_on": len(rest),
         "fit": {p.name: {"prior": p.prior, "value": p.value, "pinned": p.pinned} for p in fit.parameters},
-        "band_below": fit.band_below, "band_above": fit.band_above, "warnings": list(fit.warnings),
+        "band_below": fit.band_below, "band_above": fit.band_above, "kept_profile": fit.kept_profile,
+        "warnings": list(fit.warnings),
         "uncalibrated": {"mean_abs_error": float(np.abs(before).mean()), "bias": float(before.mean())},
         "calibrated": {"mean_abs_error": float(np.abs(after).mean()), "bias": float(after.mean())},
         "band_sampled": len(sample),

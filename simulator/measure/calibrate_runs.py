@@ -11,8 +11,10 @@ which stayed.
 The band of the fitted profile comes from the fit's own errors on runs it did not see: each run is left out
 in turn, the rest refitted, and the left-out run predicted; the slow and fast half-widths are the largest
 leave-one-run-out errors on each side (so the band is as asymmetric as the errors), never narrower than the
-noise. It holds for plans like the runs: a plan whose regime features (``simulator.estimator.regime``) none of
-the runs had keeps the regime's wider band.
+noise. The fit is kept only where those left-out predictions beat the profile as it is on the same runs (model
+selection by leave-one-out): otherwise the profile's constants stay, and its own errors on the runs, which it
+never saw, give the band. It holds for plans like the runs: a plan whose regime features
+(``simulator.estimator.regime``) none of the runs had keeps the regime's wider band.
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ class RunFit(BaseModel):
         description="Each run predicted by a fit to the others: (predicted - measured) / measured.")
     band_below: float = Field(description="The band's fast half-width, relative.")
     band_above: float = Field(description="The band's slow half-width, relative.")
+    kept_profile: bool = Field(False, description="The fit predicted left-out runs no better than the profile as it "
+                                                  "is, so the profile's constants were kept.")
     warnings: tuple[str, ...] = ()
 
 
@@ -205,10 +209,19 @@ def fit_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile,
                 profile_i = p.apply(profile_i, float(v))
             loo[i] = float(_predict([jobs[i]], profile_i)[0] / measured[i] - 1)
     errors = [e for e in loo if e is not None]
+    warnings = []
+    kept = False
+    unfitted = [float(b / m - 1) for b, m in zip(before, measured)]
+    if errors and np.mean(np.abs(errors)) >= np.mean(np.abs(unfitted)):
+        # the fit must predict runs it did not see better than the profile as it is, or it is not kept: those
+        # runs are then out of sample for the profile, and its own errors on them are the band
+        kept, values, after, errors = True, np.array(priors), before, unfitted
+        warnings.append("fitted to all but one run, the constants predicted the run left out no better than the "
+                        f"profile as it is ({np.mean(np.abs(loo)):.1%} against {np.mean(np.abs(unfitted)):.1%} mean "
+                        "error): the profile's constants are kept, and its errors on these runs give the band")
     # a prediction above its measurement means the truth can lie below the point: that widens the fast side
     below = max([RUN_NOISE] + [e / (1 + e) for e in errors if e > 0])
     above = max([RUN_NOISE] + [-e / (1 + e) for e in errors if e < 0])
-    warnings = []
     layouts = {_layout(job) for job in jobs}
     if len(layouts) == 1:
         warnings.append("every run has one layout (TP, PP, CP, micro-batch): the fit cannot tell the layout's "
@@ -217,11 +230,12 @@ def fit_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile,
         warnings.append(f"{len(runs)} run(s): the band rests on {len(errors)} left-out prediction(s)")
     params = tuple(FittedParameter(
         name=p.name, path=p.path, prior=float(prior), value=float(v), low=p.low, high=p.high,
-        prior_width=p.prior_width, posterior_width=float(w), pinned=bool(w < PINNED_RATIO * p.prior_width),
+        prior_width=p.prior_width, posterior_width=float(p.prior_width if kept else w),
+        pinned=bool(not kept and w < PINNED_RATIO * p.prior_width),
         source=p.source) for p, v, w, prior in zip(parameters, values, posterior, priors))
     return RunFit(runs=tuple(labels), measured_s=tuple(measured.tolist()), predicted_before_s=tuple(before.tolist()),
                   predicted_after_s=tuple(after.tolist()), parameters=params, leave_one_out_errors=tuple(loo),
-                  band_below=float(below), band_above=float(above), warnings=tuple(warnings))
+                  band_below=float(below), band_above=float(above), kept_profile=kept, warnings=tuple(warnings))
 
 
 def _layout(job: Job) -> tuple:
@@ -317,7 +331,8 @@ def describe(fit: RunFit) -> list[str]:
         lines.append(f"{label[-36:]:<36} {m:8.3f}s {b / m - 1:+7.1%} {a / m - 1:+7.1%} "
                      + ("      -" if e is None else f"{e:+9.1%}"))
     lines.append(f"band of the fitted profile: -{fit.band_below:.1%} / +{fit.band_above:.1%} "
-                 "(the largest leave-one-run-out errors on each side)")
+                 + ("(the profile's largest errors on these runs, on each side)" if fit.kept_profile
+                    else "(the largest leave-one-run-out errors on each side)"))
     lines += [f"warning: {w}" for w in fit.warnings]
     return lines
 

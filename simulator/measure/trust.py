@@ -155,6 +155,13 @@ def _from_runs_protocol(data: dict) -> list[str]:
         lines.append(f"| {row['set']} | {'; '.join(row['chosen'])} | {row['judged_on']} | {u['mean_abs_error']:.1%} | "
                      f"{c['mean_abs_error']:.1%} | {_pct(u['bias'])} | {_pct(c['bias'])} | "
                      f"{cell(row['band_where_it_applies'])} | {cell(row['band_all'])} |")
+    kept = [row["set"] for row in table["rows"] if row.get("kept_profile")]
+    if kept:
+        lines += ["", "On " + ", ".join(kept) + " the constants fitted to two of the three runs predicted the third no "
+                  "better than the profile as it is, so `calibrate --from-runs` kept the profile's constants (the "
+                  "same rule a user's fit follows) and the band is the profile's own errors on the three runs: the "
+                  "model's remaining error depends on the layout (the bias by TP above), which the constants a fit "
+                  "can move shift for every layout alike."]
     worse = [row["set"] for row in table["rows"]
              if row["calibrated"]["mean_abs_error"] > row["uncalibrated"]["mean_abs_error"]]
     if worse:
