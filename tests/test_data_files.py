@@ -18,6 +18,7 @@ from simulator.measure.datasets import REGISTRY, _vtrain_rows, vtrain_job
 from simulator.measure.run_record import load_run_record
 from simulator.spec._io import parse_json, read_text
 from simulator.spec.catalog import load_model
+from simulator.spec.economics import load_economics
 from simulator.spec.hardware import cluster_names, gpu_names, load_cluster, load_gpu
 from simulator.spec.reliability import load_reliability
 
@@ -41,6 +42,7 @@ READERS: list[tuple[str, Callable[[Path], Any]]] = [
     ("hardware_specs/gpus/*.yaml", lambda p: load_gpu(str(p))),
     ("hardware_specs/clusters/*.yaml", lambda p: load_cluster(str(p))),
     ("hardware_specs/reliability/*.yaml", lambda p: load_reliability(str(p))),
+    ("hardware_specs/economics/*.yaml", lambda p: load_economics(str(p))),
     ("calibration/profiles/*.json", load_profile),
     ("calibration/reference/*.yaml", lambda p: load_model(str(p))),
     ("calibration/published/hardware.json", lambda p: _measured()),

@@ -1,0 +1,107 @@
+"""Price, power, PUE and carbon as hardware data: every figure has a value, a range that holds it and a source; the
+list prices derive from the instance prices their sources quote; the derived figures are the products they claim."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from simulator.spec.economics import economics_for, economics_names, load_economics, pinned
+from simulator.spec.errors import ConfigError
+from simulator.spec.hardware import cluster_names, load_cluster, load_gpu
+
+H100_TO_H200 = 5.408 / 4.916  # EC2 Capacity Block rates per accelerator-hour, as the data's derivation quotes
+
+
+def _instance_price(source: str) -> float:
+    found = re.findall(r"\$([\d.]+) per instance-hour for (\d+) GPUs", source)
+    assert found, source
+    price, gpus = found[0]
+    return float(price) / int(gpus)
+
+
+def test_each_high_price_is_its_instance_list_price_over_its_gpus():
+    data = load_economics()
+    for name, gpu in data.gpus.items():
+        p = gpu.price_per_gpu_hour_usd
+        if name.startswith("H200"):  # the H100's prices scaled by the Capacity Block ratio
+            h100 = data.gpus["H100-SXM5-80GB"].price_per_gpu_hour_usd
+            for end in ("low", "value", "high"):
+                assert p.at(end) == pytest.approx(h100.at(end) * H100_TO_H200, abs=0.005), end
+            assert _instance_price(p.source) * H100_TO_H200 == pytest.approx(p.high, abs=0.005)
+            continue
+        assert _instance_price(p.source) == pytest.approx(p.high, abs=0.005), name
+
+
+def test_a_gpu_draws_at_most_its_datasheet_tdp_and_a_node_at_most_its_maximum():
+    data = load_economics()
+    for name, gpu in data.gpus.items():
+        assert gpu.gpu_power_w.high <= load_gpu(name).tdp_w, name
+        kw = float(re.findall(r"([\d.]+) kW max system power", gpu.node_power_w.source)[0])
+        assert gpu.node_power_w.high == pytest.approx(kw * 1000), name
+
+
+def test_every_gpu_cluster_preset_has_economics():
+    data = load_economics()
+    for name in cluster_names():
+        cluster = load_cluster(name)
+        if cluster.gpu.name.lower() != "cpu":
+            assert economics_for(cluster, data).price_per_gpu_hour_usd.value > 0, name
+    assert "default" in economics_names()
+
+
+def test_the_derived_figures_recompute_from_the_data():
+    data = load_economics()
+    gpu, site = data.gpus["H100-SXM5-80GB"], data.site
+    e = economics_for(load_cluster("dgx-h100"), data)
+    gpu_hours = 1024 * 24 * 30.0  # 1,024 GPUs for 30 days
+    for end in ("low", "value", "high"):
+        kwh = gpu_hours * gpu.node_power_w.at(end) / gpu.node_gpus / 1000 * site.pue.at(end)
+        assert e.cost_usd(gpu_hours, end) == pytest.approx(gpu_hours * gpu.price_per_gpu_hour_usd.at(end))
+        assert e.energy_mwh(gpu_hours, end) == pytest.approx(kwh / 1000)
+        assert e.tco2e(gpu_hours, end) == pytest.approx(kwh * site.grid_kg_co2e_per_kwh.at(end) / 1000)
+    # the ends of the ranges bound the value
+    assert e.cost_usd(gpu_hours, "low") < e.cost_usd(gpu_hours) < e.cost_usd(gpu_hours, "high")
+    assert e.tco2e(gpu_hours, "low") < e.tco2e(gpu_hours) < e.tco2e(gpu_hours, "high")
+
+
+def test_a_flag_pins_its_figure():
+    e = economics_for(load_cluster("dgx-a100-80gb"), load_economics(), price_per_gpu_hour_usd=1.5, pue=1.05,
+                      grid_kg_co2e_per_kwh=0.02)
+    assert (e.price_per_gpu_hour_usd.low, e.price_per_gpu_hour_usd.high) == (1.5, 1.5)
+    assert e.cost_usd(100, "low") == e.cost_usd(100, "high") == 150
+    assert e.pue.value == 1.05 and e.grid_kg_co2e_per_kwh.value == 0.02
+    assert pinned(2.0).source == "given by a flag"
+
+
+def test_a_gpu_without_data_is_one_sentence_naming_the_fix():
+    with pytest.raises(ConfigError, match="no price or power for GPU 'CPU'.*--economics"):
+        economics_for(load_cluster("local-cpu"), load_economics())
+
+
+def test_a_node_that_draws_less_than_its_gpus_is_refused(tmp_path):
+    path = tmp_path / "economics.yaml"
+    path.write_text("""
+name: mine
+derivation: test
+currency: USD
+gpus:
+  H100-SXM5-80GB:
+    price_per_gpu_hour_usd: {value: 2, low: 2, high: 2, source: s}
+    gpu_power_w: {value: 700, low: 700, high: 700, source: s}
+    node_power_w: {value: 5000, low: 5000, high: 5000, source: s}
+    node_gpus: 8
+site:
+  pue: {value: 1.2, low: 1.1, high: 1.6, source: s}
+  grid_kg_co2e_per_kwh: {value: 0.4, low: 0.05, high: 0.7, source: s}
+""")
+    with pytest.raises(ConfigError, match="node_power_w at its low end .* less than its 8 GPUs draw"):
+        load_economics(str(path))
+    path.write_text(path.read_text().replace("node_power_w: {value: 5000, low: 5000, high: 5000",
+                                             "node_power_w: {value: 9000, low: 9000, high: 9000")
+                    .replace("pue: {value: 1.2, low: 1.1", "pue: {value: 1.2, low: 0.9"))
+    with pytest.raises(ConfigError, match="PUE is at least 1"):
+        load_economics(str(path))
+    with pytest.raises(ConfigError, match="unknown economics data 'nope'"):
+        load_economics("nope")
