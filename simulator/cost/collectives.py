@@ -127,10 +127,10 @@ class CollectiveModel:
         shape = self.network.ring(group.size, group.stride)
         params = self.nvlink if shape.bottleneck_class == NVLINK else self.net
         busbw = shape.busbw_gbps
-        if shape.nodes > 1 and 1 < shape.per_node < self.cluster.gpus_per_node and params is self.net:
+        if shape.nodes > 1 and 1 < shape.per_node < self.cluster.ranks_per_nvlink_domain and params is self.net:
             busbw *= self.net.partial_node_efficiency or 1.0  # a partial-node communicator's NIC paths
         if (kind is CollectiveKind.all_reduce and shape.nodes == 1 and self.nvlink.nvls_max_busbw_gbps
-                and group.size == self.cluster.gpus_per_node):
+                and group.size == self.cluster.ranks_per_nvlink_domain):
             busbw = self.nvlink.nvls_max_busbw_gbps  # NVLink SHARP reduces in the switch
         bandwidth_s = _factor(kind, group.size) * nbytes / (ramp(params, nbytes, busbw) * busbw * 1e9)
         # a backend whose kinds stray from its all-reduce-derived link (gloo's reduce-scatter) was measured so
@@ -149,7 +149,7 @@ class CollectiveModel:
             return 0.0
         if kind is CollectiveKind.send_recv:  # every member sends to its ring neighbour at once
             gpn = self.cluster.gpus_per_node
-            inter = group.stride * group.size > gpn
+            inter = group.stride * group.size > self.cluster.ranks_per_nvlink_domain
             return self.p2p_time_s(nbytes, inter_node=inter,
                                    sharing=max(1, gpn // self.cluster.nics_per_node) if inter else 1)
         key = (kind, nbytes, group)
@@ -168,7 +168,7 @@ class CollectiveModel:
         rest crosses NVLink; the two run together and the slower sets the time."""
         n, g, c = group.size, shape.per_node, self.cluster
         nic_gbps = c.nic_bandwidth_gbps_per_gpu * min(self.net.max_busbw_gbps / (c.nic_line_rate_gbit_s / 8), 1.0)
-        inter_s = nbytes * (n - g) / n / (ramp(self.net, nbytes, nic_gbps * c.gpus_per_node) * nic_gbps * 1e9)
+        inter_s = nbytes * (n - g) / n / (ramp(self.net, nbytes, nic_gbps * c.ranks_per_nvlink_domain) * nic_gbps * 1e9)
         intra_s = 0.0
         if g > 1:
             local = self.network.ring(g, group.stride)

@@ -4,6 +4,10 @@ Vertices are GPUs, each node's NVSwitch, the compute NICs (one per rail), the ra
 switches of each scalable unit (one per rail: same-rail NICs of an SU are one switch apart) and
 the spine. Edges are directed (links are full duplex) with capacities from the ``ClusterSpec``.
 
+A "node" of this graph is an NVLink domain as a job fills it (``ClusterSpec.ranks_per_nvlink_domain``):
+an HGX board, or the trays of a GB200 NVL72 rack the job takes, whose GPUs reach each other through
+the NVLink switches and leave it through their NICs. Where the domain is the node the two are the same.
+
 A ring collective is a set of rings (NCCL channels); each step every rank sends to its ring
 successor over the shortest path. Every sibling group of the same shape (e.g. the TP=8 data-
 parallel groups, one per TP rank) runs at the same time, so the flows of all of them are counted
@@ -37,12 +41,16 @@ def _gpu(r: int) -> tuple:
     return ("gpu", r)
 
 
+def _tier(cluster: ClusterSpec) -> tuple[int, int, int]:
+    """(GPUs, NICs, per scalable unit) of the graph's node: the NVLink domain as a job fills it."""
+    return cluster.ranks_per_nvlink_domain, cluster.nics_per_nvlink_domain, cluster.nvlink_domains_per_scalable_unit
+
+
 def build_network(cluster: ClusterSpec, num_gpus: int) -> nx.DiGraph:
-    """The graph of the whole nodes holding ``num_gpus`` GPUs (GPU ranks are node-major)."""
-    gpn = cluster.gpus_per_node
+    """The graph of the whole NVLink domains holding ``num_gpus`` GPUs (GPU ranks are domain-major)."""
+    gpn, nics, su_size = _tier(cluster)
     nodes = -(-num_gpus // gpn)
     nic_gbps = cluster.nic_line_rate_gbit_s / 8
-    su_size = cluster.fabric.nodes_per_scalable_unit
     g = nx.DiGraph()
 
     def link(a, b, cap: float, cls: str) -> None:
@@ -61,7 +69,7 @@ def build_network(cluster: ClusterSpec, num_gpus: int) -> nx.DiGraph:
             else:  # direct NVLink mesh: a GPU's links split evenly over its peers
                 for peer in range(node * gpn, r):
                     link(_gpu(r), _gpu(peer), cluster.nvlink_bandwidth_gbps_per_direction / max(gpn - 1, 1), NVLINK)
-            rail = local * cluster.nics_per_node // gpn
+            rail = local * nics // gpn
             nic = ("nic", node, rail)
             link(_gpu(r), nic, nic_gbps, NETWORK)
             leaf = ("leaf", su, rail)
@@ -137,9 +145,10 @@ class Network:
         return self._routes[key]
 
     def graph(self, num_gpus: int) -> nx.DiGraph:
-        nodes = -(-num_gpus // self.cluster.gpus_per_node)
+        gpn = self.cluster.ranks_per_nvlink_domain
+        nodes = -(-num_gpus // gpn)
         if nodes not in self._graphs:
-            self._graphs[nodes] = build_network(self.cluster, nodes * self.cluster.gpus_per_node)
+            self._graphs[nodes] = build_network(self.cluster, nodes * gpn)
         return self._graphs[nodes]
 
     def ring(self, size: int, stride: int) -> RingShape:
@@ -160,7 +169,7 @@ class Network:
         one period of its middle. The cost is then independent of the job's size.
         """
         assert size > 1 and stride > 0
-        gpn = self.cluster.gpus_per_node
+        gpn = self.cluster.ranks_per_nvlink_domain
         if stride % gpn == 0 and (size, stride) != (2, gpn):
             image = self.ring(2, gpn)  # one member per node, every GPU of the node in a sibling group
             return RingShape(image.busbw_gbps, image.bottleneck_class, size, 1, self._hops(size, stride))
@@ -176,14 +185,14 @@ class Network:
     def _hops(self, size: int, stride: int) -> int:
         """IB switches on the longest inter-node hop of the ring: the rail's leaf, or leaf-spine-leaf
         when the group's nodes span scalable units."""
-        gpn, su = self.cluster.gpus_per_node, self.cluster.fabric.nodes_per_scalable_unit
+        gpn, _, su = _tier(self.cluster)
         first, last = 0, (size - 1) * stride // gpn
         return 1 if first // su == last // su else 3
 
     def _route_all(self, size: int, stride: int) -> RingShape:
         """Route every ring of every sibling group over the graph of the whole nodes they span: the
         reference ``_SiblingRings`` is tested against (about 0.1 ms and 5 KB per GPU spanned)."""
-        gpn = self.cluster.gpus_per_node
+        gpn = self.cluster.ranks_per_nvlink_domain
         span = size * stride
         world = -(-span // gpn) * gpn  # whole nodes: sibling groups there run at the same time
         g = self.graph(world)
@@ -235,8 +244,8 @@ class _SiblingRings:
     """
 
     def __init__(self, cluster: ClusterSpec, efficiency: dict[str, float], size: int, stride: int):
-        self.gpn, self.su_nodes = cluster.gpus_per_node, cluster.fabric.nodes_per_scalable_unit
-        self.nics, self.nvswitch = cluster.nics_per_node, cluster.nvswitch
+        self.gpn, self.nics, self.su_nodes = _tier(cluster)
+        self.nvswitch = cluster.nvswitch
         self.size, self.stride = size, stride
         self.span = size * stride
         self.nodes = -(-self.span // self.gpn)

@@ -133,15 +133,31 @@ class FabricSpec(BaseModel):
 
 
 class ClusterSpec(BaseModel):
-    """A cluster of identical nodes: the node's GPUs and NVLink, its NICs and the fabric between nodes."""
+    """A cluster of identical nodes: the node's GPUs and NVLink, its NICs and the fabric between nodes.
+
+    NVLink joins the GPUs of one NVLink domain: a node's own NVSwitch (HGX boards, the default), or NVLink switch
+    trays that join several nodes (a GB200 NVL72 rack: 18 compute trays of 4 GPUs). A job's ranks fill the nodes
+    of a domain in order, then the next domain, so the collectives, the rank layout and the search read the
+    domain (``ranks_per_nvlink_domain``) where they ask which ranks NVLink joins, and the node where they ask
+    about the host (its NICs, its memory, what fails together).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str
     gpu: GpuSpec
     gpus_per_node: int = Field(gt=0, le=limits.MAX_GPUS_PER_NODE)
-    nvswitch: bool = Field(description="All GPUs of a node reach each other at full NVLink bandwidth.")
+    nvswitch: bool = Field(description="All GPUs of an NVLink domain reach each other at full NVLink bandwidth.")
     nvlink_bandwidth_gbps_per_direction: float = Field(description="NVLink per GPU, GB/s per direction.", **_GBPS)
+    nvlink_domain_gpus: int | None = Field(
+        None, gt=0, le=limits.MAX_GPUS,
+        description="GPUs one NVLink switch fabric joins, a whole number of nodes (a GB200 NVL72 rack: 72 in 18 "
+                    "trays of 4); None: the node (an HGX board's NVSwitch).")
+    nvlink_segment_nodes: int | None = Field(
+        None, gt=0, le=limits.MAX_GPUS,
+        description="Nodes of each NVLink domain a job's ranks fill before the next domain (Slurm topology/block's "
+                    "--segment: 16 of an NVL72's 18 trays, so that power-of-two groups tile the 64 GPUs used); "
+                    "None: every node of the domain.")
     nics_per_node: int = Field(gt=0, le=limits.MAX_GPUS_PER_NODE)
     nic_line_rate_gbit_s: float = Field(description="Line rate of one compute NIC, Gb/s (bits).", **_GBPS)
     fabric: FabricSpec
@@ -157,10 +173,32 @@ class ClusterSpec(BaseModel):
         description="Interruption rates of the parts and restart costs (in a cluster file, a preset name under "
                     "hardware_specs/reliability/ or the fields themselves).")
     sources: dict[str, str]
+    ranges: dict[str, tuple[float, float]] = Field(
+        default_factory=dict, description="Where a number is not published for the exact part or the sources "
+                                          "disagree: the (low, high) it may take, by field name; its source says why.")
 
     @model_validator(mode="after")
     def _every_number_has_a_source(self) -> "ClusterSpec":
         _require_sources(self, self.sources)
+        _check_ranges(self, self.ranges)
+        return self
+
+    @model_validator(mode="after")
+    def _nvlink_domain_is_whole_nodes(self) -> "ClusterSpec":
+        n, d, seg = self.gpus_per_node, self.nvlink_domain_gpus, self.nvlink_segment_nodes
+        if d is not None and d % n:
+            raise ValueError(f"{self.name}: nvlink_domain_gpus={d} is not a whole number of nodes of {n} GPUs; use "
+                             f"a multiple of {n}")
+        if d is not None and d > n and not self.nvswitch:
+            raise ValueError(f"{self.name}: an NVLink domain of {d} GPUs over several nodes needs NVLink switches; "
+                             "set nvswitch: true or leave nvlink_domain_gpus out")
+        if seg is not None and (d is None or seg > d // n):
+            raise ValueError(f"{self.name}: nvlink_segment_nodes={seg} must be at most the "
+                             f"{(d or n) // n} nodes of an NVLink domain; use fewer or set nvlink_domain_gpus")
+        su = self.fabric.nodes_per_scalable_unit
+        if su % self.nodes_per_nvlink_domain:
+            raise ValueError(f"{self.name}: a scalable unit of {su} nodes is not a whole number of NVLink domains of "
+                             f"{self.nodes_per_nvlink_domain} nodes; use a multiple of {self.nodes_per_nvlink_domain}")
         return self
 
     @model_validator(mode="after")
@@ -175,7 +213,8 @@ class ClusterSpec(BaseModel):
 
     def __hash__(self) -> int:  # the sources dict is documentation, not identity
         return hash((self.name, self.gpu, self.gpus_per_node, self.nvlink_bandwidth_gbps_per_direction,
-                     self.nics_per_node, self.nic_line_rate_gbit_s, self.fabric, self.nodes_per_host))
+                     self.nics_per_node, self.nic_line_rate_gbit_s, self.fabric, self.nodes_per_host,
+                     self.nvlink_domain_gpus, self.nvlink_segment_nodes))
 
     def value_key(self) -> str:
         """Every field as one string: what caches of results built from this cluster key on."""
@@ -185,6 +224,30 @@ class ClusterSpec(BaseModel):
     def devices_per_host(self) -> int:
         """Devices that share one machine: a node's GPUs, or the nodes (cores) of one CPU."""
         return self.gpus_per_node * (self.nodes_per_host or 1)
+
+    @property
+    def nodes_per_nvlink_domain(self) -> int:
+        """Nodes one NVLink switch fabric joins (1 where the node's NVSwitch is the domain)."""
+        return (self.nvlink_domain_gpus or self.gpus_per_node) // self.gpus_per_node
+
+    @property
+    def ranks_per_nvlink_domain(self) -> int:
+        """Consecutive ranks of a job that NVLink joins: the GPUs of the nodes it takes in each domain."""
+        return (self.nvlink_segment_nodes or self.nodes_per_nvlink_domain) * self.gpus_per_node
+
+    @property
+    def nics_per_nvlink_domain(self) -> int:
+        """The compute NICs of the nodes a job takes in one NVLink domain."""
+        return self.nics_per_node * self.ranks_per_nvlink_domain // self.gpus_per_node
+
+    @property
+    def nvlink_domains_per_scalable_unit(self) -> int:
+        """NVLink domains whose same-rail NICs share a leaf switch."""
+        return self.fabric.nodes_per_scalable_unit // self.nodes_per_nvlink_domain
+
+    @property
+    def nvlink_domain_spans_nodes(self) -> bool:
+        return self.ranks_per_nvlink_domain > self.gpus_per_node
 
     @property
     def nic_bandwidth_gbps_per_gpu(self) -> float:

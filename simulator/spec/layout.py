@@ -2,7 +2,9 @@
 
 Megatron numbers ranks tensor-parallel first, then context-parallel, then data-parallel, then
 pipeline (``--rank-order tp-cp-ep-dp-pp``): global rank = tp + t (cp + c (dp + d pp)). Ranks fill
-nodes in order, so the fastest-varying groups (TP, then CP) stay inside a node as long as they fit.
+nodes in order, and NVLink domains in order (a domain is the node, or several nodes joined by NVLink
+switches), so the fastest-varying groups (TP, then CP) stay inside a node, and a domain, as long as
+they fit.
 
 The expert layers of a mixture-of-experts model decompose the same ranks of a stage again, as
 Megatron's expert rank generator does: expert tensor parallel first, then expert parallel, then
@@ -40,18 +42,26 @@ class RankLayout:
     gpus_per_node: int
     ep: int = 1
     etp: int | None = None  # None: the expert layers keep the dense layers' TP, as Megatron defaults it
+    nvlink_domain: int | None = None  # consecutive ranks NVLink joins; None: the node
 
     def __post_init__(self) -> None:
         assert min(self.tp, self.cp, self.dp, self.pp, self.gpus_per_node, self.ep, self.size("etp")) >= 1, self
         assert (self.tp * self.cp * self.dp) % (self.size("etp") * self.ep) == 0, self
+        assert self.domain_size % self.gpus_per_node == 0, self
 
     @staticmethod
     def of(job) -> "RankLayout":
-        plan = job.plan
+        plan, cluster = job.plan, job.cluster
+        domain = cluster.ranks_per_nvlink_domain
         return RankLayout(plan.tensor_parallel_size, getattr(plan, "context_parallel_size", 1),
-                          plan.data_parallel_size, plan.pipeline_parallel_size, job.cluster.gpus_per_node,
+                          plan.data_parallel_size, plan.pipeline_parallel_size, cluster.gpus_per_node,
                           getattr(plan, "expert_model_parallel_size", 1), getattr(plan, "expert_tensor_parallel_size",
-                                                                                  None))
+                                                                                  None),
+                          None if domain == cluster.gpus_per_node else domain)
+
+    @property
+    def domain_size(self) -> int:
+        return self.nvlink_domain or self.gpus_per_node
 
     @property
     def world(self) -> int:
@@ -114,34 +124,43 @@ class RankLayout:
         all-reduce the tied word embeddings' gradients. Only those two stages' ranks form such pairs,
         not every offset the stride spans; where the whole job sits in one node, where any disjoint
         pairs cost the same through the switch, the pairs are costed one stage apart so that the
-        group's image stays inside the node as the real pairs do."""
+        group's image stays inside the node as the real pairs do (the NVLink domain, where it spans nodes)."""
         block = self.world // self.pp
-        if self.world <= self.gpus_per_node:
+        if self.world <= self.domain_size:
             return GroupShape(2, block)
         return GroupShape(2, block * (self.pp - 1))
 
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
+    def domain(self, rank: int) -> int:
+        """The NVLink domain ``rank`` lies in."""
+        return rank // self.domain_size
+
     def within_node(self, dim: str) -> bool:
         """Whether every group along ``dim`` stays inside one node: a block of sibling groups spans
         size x stride consecutive ranks, which must tile the node (or the job fits in one node)."""
         return self.world <= self.gpus_per_node or self.gpus_per_node % (self.size(dim) * self.stride(dim)) == 0
 
-    def pipeline_boundary(self, stage: int, nics_per_node: int) -> tuple[bool, int]:
-        """Stage ``stage`` -> ``stage + 1`` (mod pp): whether any send leaves its node, and the most
-        such sends that share one NIC at once (every rank of the stage sends its slice together;
-        GPU i of a node uses NIC i x nics / gpus_per_node).
+    def within_nvlink_domain(self, dim: str) -> bool:
+        """Whether every group along ``dim`` stays inside one NVLink domain, as ``within_node`` asks of a node."""
+        d = self.domain_size
+        return self.world <= d or d % (self.size(dim) * self.stride(dim)) == 0
 
-        Nodes wholly inside a stage all look alike, so only the ranks within two nodes of either
-        end of the stage are visited: the answer costs O(gpus_per_node) at any job size.
+    def pipeline_boundary(self, stage: int, nics_per_node: int) -> tuple[bool, int]:
+        """Stage ``stage`` -> ``stage + 1`` (mod pp): whether any send leaves its NVLink domain, and
+        the most such sends that share one NIC at once (every rank of the stage sends its slice
+        together; GPU i of a node uses NIC i x nics / gpus_per_node of its node).
+
+        Domains wholly inside a stage all look alike, so only the ranks within two domains of either
+        end of the stage are visited: the answer costs O(domain size) at any job size.
         """
-        jump, gpn = self.world // self.pp, self.gpus_per_node
+        jump, gpn, span = self.world // self.pp, self.gpus_per_node, self.domain_size
         ranks = self.stage_ranks(stage)
-        head = range(ranks.start, min(ranks.start + 2 * gpn, ranks.stop))
-        tail = range(max(ranks.stop - 2 * gpn, head.stop), ranks.stop)
+        head = range(ranks.start, min(ranks.start + 2 * span, ranks.stop))
+        tail = range(max(ranks.stop - 2 * span, head.stop), ranks.stop)
         flows: Counter = Counter()
         for r in (*head, *tail):
-            if self.node(r) != self.node((r + jump) % self.world):
+            if self.domain(r) != self.domain((r + jump) % self.world):
                 flows[(self.node(r), (r % gpn) * nics_per_node // gpn)] += 1
         return bool(flows), max(flows.values(), default=1)

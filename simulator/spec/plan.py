@@ -85,16 +85,22 @@ class Job(BaseModel):
             )
         return self
 
+    @property
+    def _nvlink_tier(self) -> tuple[int, str]:
+        """The GPUs NVLink joins for a group of consecutive ranks, and how a message names them."""
+        n = self.cluster.ranks_per_nvlink_domain
+        return n, ("GPUs per node" if n == self.cluster.gpus_per_node else "GPUs a job takes of an NVLink domain")
+
     @model_validator(mode="after")
     def _tp_within_node(self) -> "Job":
-        t, n = self.plan.tensor_parallel_size, self.cluster.gpus_per_node
+        t, (n, where) = self.plan.tensor_parallel_size, self._nvlink_tier
         if t > n and not self.plan.allow_tp_across_nodes:
             raise ValueError(
-                f"tensor_parallel_size={t} is more than the {n} GPUs per node of {self.cluster.name}, so every layer "
+                f"tensor_parallel_size={t} is more than the {n} {where} of {self.cluster.name}, so every layer "
                 f"would talk over InfiniBand; use at most {n} or insist with allow_tp_across_nodes"
             )
         if t <= n and n % t:
-            raise ValueError(f"tensor_parallel_size={t} must divide the {n} GPUs per node; use {_say_divisors(n)}")
+            raise ValueError(f"tensor_parallel_size={t} must divide the {n} {where}; use {_say_divisors(n)}")
         return self
 
     @model_validator(mode="after")
@@ -112,15 +118,15 @@ class Job(BaseModel):
 
     @model_validator(mode="after")
     def _expert_tp_within_node(self) -> "Job":
-        e, n = self.plan.expert_tensor_parallel_size, self.cluster.gpus_per_node
+        e, (n, where) = self.plan.expert_tensor_parallel_size, self._nvlink_tier
         if e is None:
             return self  # it is TP, checked above
         if e > n and not self.plan.allow_tp_across_nodes:
             raise ValueError(
-                f"expert_tensor_parallel_size={e} is more than the {n} GPUs per node of {self.cluster.name}, so every "
+                f"expert_tensor_parallel_size={e} is more than the {n} {where} of {self.cluster.name}, so every "
                 f"expert would talk over InfiniBand; use at most {n} or insist with allow_tp_across_nodes")
         if e <= n and n % e:
-            raise ValueError(f"expert_tensor_parallel_size={e} must divide the {n} GPUs per node; use "
+            raise ValueError(f"expert_tensor_parallel_size={e} must divide the {n} {where}; use "
                              f"{_say_divisors(n)}")
         return self
 
@@ -142,12 +148,12 @@ class Job(BaseModel):
         if m.expert_ffn_size % etp:
             raise ValueError(f"expert_tensor_parallel_size={etp} does not divide the experts' "
                              f"moe_ffn_hidden_size={m.expert_ffn_size}; use "
-                             f"{_say_divisors(m.expert_ffn_size, self.cluster.gpus_per_node)}")
+                             f"{_say_divisors(m.expert_ffn_size, self.cluster.ranks_per_nvlink_domain)}")
         shared = m.moe_shared_expert_intermediate_size
         if shared and shared % t:
             raise ValueError(f"tensor_parallel_size={t} does not divide moe_shared_expert_intermediate_size={shared} "
                              f"(the shared experts are split over TP like a dense MLP); "
-                             f"use {_say_divisors(shared, self.cluster.gpus_per_node)}")
+                             f"use {_say_divisors(shared, self.cluster.ranks_per_nvlink_domain)}")
         # Megatron's rule (validate_args asserts it for any model with experts, at EP 1 too: "When using MoE and
         # tensor parallelism, sequence parallelism must be used"): the dispatcher takes each TP rank's shard
         if t > 1 and not p.sequence_parallel:
