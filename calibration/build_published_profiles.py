@@ -254,6 +254,14 @@ def _shape_terms(gpu: GpuSpec) -> tuple[dict, dict, dict]:
     return values, ranges, sources
 
 
+def _mamf_key(gpu: GpuSpec, dtype: str) -> str:
+    """The MAMF row a Hopper or Blackwell GPU's GEMM block is fitted to: Hopper's bf16 block takes the H100's (no
+    H200 bf16 row was published), its FP8 block and every Blackwell block the GPU's own."""
+    if gpu.architecture == "blackwell":
+        return f"mamf_{gpu.name.split('-')[0].lower()}_{dtype}"
+    return "mamf_h100_bf16" if dtype == "bf16" else f"mamf_{gpu.name[:4].lower()}_{dtype}"
+
+
 def _gemm(gpu: GpuSpec, rows: dict, tiles: tuple[int, int], tile_choice: bool | None = None) -> GemmParams:
     """The bf16 GEMM block. ``tile_choice`` (default: Hopper only) gives each GEMM the fastest of CUTLASS's tiles with
     the shape terms of the XLA H100 fit; without it, one tile in strict waves.
@@ -280,7 +288,7 @@ def _gemm(gpu: GpuSpec, rows: dict, tiles: tuple[int, int], tile_choice: bool | 
         align_source = f"Anthony et al. 2024: A100 tensor cores need m, n, k multiples of 128 bytes ({MD} section 3d)"
         fits = []
     else:
-        mamf = rows["mamf_h100_bf16"]
+        mamf = rows[_mamf_key(gpu, "bf16")]
         swiglu = rows["h100_swiglu_misalignment"]["values"]
         points = [_gemm_point(f"4096x{key.split('=')[1].split()[0]}x4096", v, batch=4, dtype="fp16")
                   for key, v in swiglu.items()]
@@ -323,7 +331,7 @@ def _gemm_fp8(gpu: GpuSpec, rows: dict, bf16: GemmParams) -> GemmParams | None:
     """FP8 (e4m3) GEMMs on Hopper: the MAMF fp8 maximum against the fp8 dense peak; the shape terms of bf16."""
     if gpu.peak_tflops.fp8 is None:
         return None
-    mamf = rows[f"mamf_{gpu.name[:4].lower()}_fp8_e4m3"]
+    mamf = rows[_mamf_key(gpu, "fp8_e4m3")]
     peak = gpu.peak_tflops.fp8
     # Alignment is a count of elements, so it carries over from bf16 with the bytes halved; the main
     # loop runs twice as fast per k-step while the epilogue still writes bf16, so it takes twice the
@@ -700,6 +708,8 @@ GPUS = {  # GPU spec name -> (NIC line rate GB/s per NIC of its DGX, GEMM tile)
     "A100-SXM4-40GB": (25.0, (256, 128)),
     "H100-SXM5-80GB": (50.0, (128, 256)),
     "H200-SXM-141GB": (50.0, (128, 256)),
+    "B200-SXM-180GB": (50.0, (128, 256)),
+    "GB200-186GB": (50.0, (128, 256)),
 }
 
 
@@ -715,9 +725,12 @@ def build_profile(gpu_name: str, host: bool = True) -> HardwareProfile:
     gpu = load_gpu(gpu_name)
     nic_gbps, tiles = GPUS[gpu.name]
     rows = _measured()
+    if gpu.architecture == "blackwell":  # its own blocks where Blackwell was measured, Hopper's forms elsewhere
+        from calibration import published_blackwell
+        rows = published_blackwell.rows(gpu, rows)
     gemm = _gemm(gpu, rows, tiles)
     sustained, sustained_source, sustained_range = _sustained_clock_fraction(gpu)
-    return HardwareProfile(
+    profile = HardwareProfile(
         schema_version=SCHEMA_VERSION, name=f"{gpu.name.lower()}-published", source="published", gpu=gpu.name,
         gemm=gemm, gemm_fp8=_gemm_fp8(gpu, rows, gemm), elementwise=_elementwise(gpu, rows), attention=_attention(gpu),
         collectives=_links(gpu, rows, nic_gbps), host=_host() if host else None,
@@ -730,6 +743,7 @@ def build_profile(gpu_name: str, host: bool = True) -> HardwareProfile:
               "block to the measured A100 sets together (python -m calibration.fit_host_overhead), checked with each "
               "left out in turn (calibration/published/host_overhead_loso.json).",
     )
+    return published_blackwell.adapt(profile, gpu, rows) if gpu.architecture == "blackwell" else profile
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -62,3 +62,50 @@ def test_a_value_outside_its_declared_range_is_refused(tmp_path):
 def test_a_range_must_name_a_number_of_the_spec(tmp_path):
     with pytest.raises(ConfigError, match="ranges names 'peak_tflops.fp4'"):
         load_gpu(_edited(tmp_path, "  tdp_w: [700, 1000]", "  tdp_w: [700, 1000]\n  peak_tflops.fp4: [1, 2]"))
+
+
+# --- the published-data profiles ---------------------------------------------------------------------------------
+
+def _job(cluster: str, **plan):
+    from simulator.spec.catalog import load_model
+    from simulator.spec.hardware import load_cluster
+    from simulator.spec.plan import Job, ParallelPlan
+    return Job(model=load_model("llama3-70b"), cluster=load_cluster(cluster),
+               plan=ParallelPlan(**{"tensor_parallel_size": 8, "sequence_parallel": True, "global_batch_size": 8,
+                                    "data_parallel_size": 8, **plan}))
+
+
+@pytest.mark.parametrize("cluster,gpu", [("dgx-b200", "B200-SXM-180GB"), ("gb200-nvl72", "GB200-186GB")])
+def test_a_blackwell_plan_lies_outside_every_measured_regime_with_the_widened_band(cluster, gpu):
+    from simulator.estimator.regime import OUTSIDE_WIDENING, band_table, regime_of
+    regime = regime_of(_job(cluster), mfu=0.3)
+    widest = max(g["half_width"] for g in band_table()["gpus"].values())
+    assert regime.name is None and regime.outside == (f"no measured run on {gpu}",)
+    assert regime.half_width == pytest.approx(widest * OUTSIDE_WIDENING)
+
+
+@pytest.mark.parametrize("gpu", BLACKWELL_GPUS)
+def test_each_blackwell_gpu_has_a_published_profile_from_blackwell_microbenchmarks(gpu):
+    from simulator.cost.profile import load_profile
+    p = load_profile(f"{gpu.lower()}-published")
+    assert p.gpu == gpu and p.source == "published"
+    assert "B200" in p.gemm.sources["ceiling_efficiency"] and "B200" in p.gemm_fp8.sources["ceiling_efficiency"]
+    assert "8x B200" in p.collectives.nvlink.sources["max_busbw_gbps"]
+    assert "FA4 on B200" in p.attention.sources["forward_efficiency"]
+    # NVLink 5's measured ring is faster than any Hopper's: the profile reads Blackwell's own sweep
+    hopper = load_profile("h200-sxm-141gb-published").collectives.nvlink
+    assert p.collectives.nvlink.max_busbw_gbps > hopper.max_busbw_gbps
+    # the one Blackwell inter-node measurement (EFA) widens the network's range, never moves its value
+    low, high = p.collectives.network.ranges["max_busbw_gbps"]
+    assert low < p.collectives.network.max_busbw_gbps == high
+
+
+def test_the_gb200_takes_the_b200s_fraction_of_peak_with_a_range_down_to_the_b200s_throughput():
+    from simulator.cost.profile import load_profile
+    b200, gb200 = load_profile("b200-sxm-180gb-published"), load_profile("gb200-186gb-published")
+    assert gb200.gemm.ceiling_efficiency == pytest.approx(b200.gemm.ceiling_efficiency)
+    ratio = load_gpu("B200-SXM-180GB").peak_tflops.bf16 / load_gpu("GB200-186GB").peak_tflops.bf16
+    low, high = gb200.gemm.ranges["max_efficiency"]
+    assert (low, high) == pytest.approx((gb200.gemm.max_efficiency * ratio, gb200.gemm.max_efficiency))
+    assert gb200.attention.forward_efficiency == pytest.approx(b200.attention.forward_efficiency)
+    assert gb200.attention.ranges["forward_efficiency"][0] == pytest.approx(b200.attention.forward_efficiency * ratio)
