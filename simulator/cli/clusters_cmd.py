@@ -39,6 +39,8 @@ def cluster_row(c: ClusterSpec) -> dict[str, Any]:
         "nvswitch": c.nvswitch, "nvlink_bandwidth_gbps_per_direction": c.nvlink_bandwidth_gbps_per_direction,
         "nics_per_node": c.nics_per_node, "nic_line_rate_gbit_s": c.nic_line_rate_gbit_s,
         "nic_bandwidth_gbps_per_gpu": c.nic_bandwidth_gbps_per_gpu, "published_profile": published_profile(c),
+        "nvlink_domain_gpus": c.nvlink_domain_gpus or c.gpus_per_node,
+        "ranks_per_nvlink_domain": c.ranks_per_nvlink_domain,
     }
 
 

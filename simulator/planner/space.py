@@ -221,14 +221,14 @@ def split_layers(L: int, p: int, v: int, split: dict) -> tuple[tuple[int, ...], 
 def candidates(req: SearchRequest) -> Iterator[Candidate]:
     """Every plan the rules allow, in a fixed order (so the ranking is deterministic).
 
-    TP up to a node; CP for long sequences (with a fused attention kernel); PP any size whose layers
-    split as Megatron can split them (``pipeline_splits``); virtual stages; micro-batch; SP;
-    recompute; and the data-parallel sharding (the distributed optimizer, and Megatron-FSDP's deeper
-    levels where there is no pipeline).
+    TP up to the GPUs NVLink joins (a node, or the nodes a job takes of an NVLink domain); CP for long
+    sequences (with a fused attention kernel); PP any size whose layers split as Megatron can split them
+    (``pipeline_splits``); virtual stages; micro-batch; SP; recompute; and the data-parallel sharding
+    (the distributed optimizer, and Megatron-FSDP's deeper levels where there is no pipeline).
     """
     m, c, pins, n = req.model, req.cluster, req.pins, req.num_gpus
     L, gbs, s = m.num_layers, req.global_batch_size, m.seq_length
-    tps = [t for t in _divisors(c.gpus_per_node)
+    tps = [t for t in _divisors(c.ranks_per_nvlink_domain)
            if m.num_attention_heads % t == 0 and m.vocab_size % t == 0 and m.ffn_size % t == 0
            and (m.query_groups % t == 0 or t % m.query_groups == 0)]
     cps = [1] + [cp for cp in CP_SIZES
@@ -249,7 +249,7 @@ def candidates(req: SearchRequest) -> Iterator[Candidate]:
                             continue
                         for split in pipeline_splits(L, p, v):
                             chunk = max(max(c_) for c_ in split_layers(L, p, v, split))
-                            for ep, etp in _expert_layouts(m, c.gpus_per_node, pins, t, cp, d):
+                            for ep, etp in _expert_layouts(m, c.ranks_per_nvlink_domain, pins, t, cp, d):
                                 yield from _variants(pins, t, cp, p, d, v, mbs, tuple(split.items()), chunk, ep, etp,
                                                      sp_splits=(s // cp) % t == 0, moe=m.is_moe)
 
@@ -260,7 +260,7 @@ def enumerate_plans(req: SearchRequest) -> Iterator[ParallelPlan]:
     return (c.plan(template) for c in candidates(req))
 
 
-def _expert_layouts(m: ModelSpec, gpus_per_node: int, pins: SearchPins, t: int, cp: int,
+def _expert_layouts(m: ModelSpec, nvlink_gpus: int, pins: SearchPins, t: int, cp: int,
                     d: int) -> list[tuple[int, int | None]]:
     """(EP, ETP) pairs for a stage of t x cp x d ranks: EP any divisor of the experts that, with ETP, tiles
     the stage's ranks (Megatron's expert rank generator); ETP either 1 (whole experts, Megatron-Core's
@@ -269,7 +269,7 @@ def _expert_layouts(m: ModelSpec, gpus_per_node: int, pins: SearchPins, t: int, 
         return [(1, None)]
     out = []
     for etp in _pinned(sorted({1, t}), pins.expert_tensor_parallel_size):
-        if m.expert_ffn_size % etp or etp > gpus_per_node:
+        if m.expert_ffn_size % etp or etp > nvlink_gpus:
             continue
         for ep in _pinned(_divisors(m.num_experts), pins.expert_model_parallel_size):
             if (t * cp * d) % (etp * ep) == 0:

@@ -109,3 +109,20 @@ def test_the_gb200_takes_the_b200s_fraction_of_peak_with_a_range_down_to_the_b20
     assert (low, high) == pytest.approx((gb200.gemm.max_efficiency * ratio, gb200.gemm.max_efficiency))
     assert gb200.attention.forward_efficiency == pytest.approx(b200.attention.forward_efficiency)
     assert gb200.attention.ranges["forward_efficiency"][0] == pytest.approx(b200.attention.forward_efficiency * ratio)
+
+
+def test_simulator_clusters_lists_the_blackwell_presets_with_their_nvlink_domains():
+    import json
+
+    from click.testing import CliRunner
+
+    from simulator.cli import cli
+    out = CliRunner().invoke(cli, ["clusters", "--json"])
+    assert out.exit_code == 0, out.output
+    rows = {r["name"]: r for r in json.loads(out.output)}
+    assert rows["dgx-b200"]["published_profile"] == "b200-sxm-180gb-published"
+    assert rows["gb200-nvl72"]["published_profile"] == "gb200-186gb-published"
+    assert (rows["gb200-nvl72"]["gpus_per_node"], rows["gb200-nvl72"]["nvlink_domain_gpus"],
+            rows["gb200-nvl72"]["ranks_per_nvlink_domain"]) == (4, 72, 64)
+    assert (rows["dgx-h100"]["nvlink_domain_gpus"], rows["dgx-h100"]["ranks_per_nvlink_domain"]) == (8, 8)
+    assert rows["gb200-nvl72"]["peak_tflops"]["mxfp8"] == 5000
