@@ -268,6 +268,12 @@ def megatron_notes(job: Job) -> list[str]:
     if nodes * per_node == job.num_gpus and per_node < job.cluster.gpus_per_node and nodes > 1:
         notes.append(f"{job.num_gpus} GPUs do not fill nodes of {job.cluster.gpus_per_node}: the launch runs "
                      f"{nodes} nodes of {per_node}, while the simulation packed full nodes first")
+    c = job.cluster
+    if c.nvlink_domain_spans_nodes and job.num_gpus > c.gpus_per_node:
+        take = c.ranks_per_nvlink_domain // c.gpus_per_node
+        notes.append(f"the simulation fills {take} nodes of each NVLink domain in rank order before the next: "
+                     f"allocate them so (Slurm's topology/block plugin, --segment={take}), or groups it placed on "
+                     "NVLink cross InfiniBand")
     if p.schedule is PipelineSchedule.gpipe:
         notes.append("Megatron has no GPipe schedule: it runs 1F1B, which the simulation did not")
     if p.overlap_p2p_comm and not p.interleaved and p.pipeline_parallel_size > 1:
