@@ -71,7 +71,11 @@ FLAG_ONLY = {"tokens", "top", "budget_s", "workers", "nnodes", "failure_seed", "
              # bandwidth's value, low and high), bounded there as the flags are (tests/spec/test_reliability.py)
              "mtbf_gpu_hours", "write_gbps_per_node", "write_gbps",
              # how a training log is read, which no file of the simulator's holds
-             "warmup"}
+             "warmup",
+             # a capacity question's goal, grid and sampling; PUE and carbon intensity, which an economics file
+             # holds as declared ranges (tests/spec/test_economics.py)
+             "gpus_min", "gpus_max", "deadline_days", "budget_usd", "refine", "samples", "finalists", "pue",
+             "grid_kg_co2e_per_kwh"}
 # A bound a file field does not carry yet (the flag's is the only one).
 NOT_YET: dict[tuple[str, str], str] = {}  # (flag parameter, side) -> why its file field does not share the bound yet
 

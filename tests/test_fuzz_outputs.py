@@ -46,6 +46,8 @@ def fuzz(name: str):
 CASE = itertools.count()  # each case's paths under a name of its own
 PLAN = ["plan", "--model", "gpt3-125m", "--gbs", "4"]
 SEARCH = ["search", "--model", "gpt3-125m", "--gpus", "2", "--gbs", "4"]
+CAPACITY = ["capacity", "--model", "gpt3-125m", "--tokens", "1e9", "--gbs", "8", "--clusters", "dgx-h100",
+            "--gpus", "8", "--workers", "1"]
 SPEC = "models: [gpt3-125m]\ngpus: [8]\nglobal_batch_sizes: [8]\n"
 
 
@@ -70,9 +72,11 @@ FLAGS = {
     "plot --out": (["plot", "timeline", "--model", "gpt3-125m", "--gbs", "4", "--out"], ".png", False),
     "calibrate --out": (None, ".json", False),  # the raw points of the work folder, fitted
     "sweep --out": (None, "", True),
+    "capacity --csv": (CAPACITY + ["--csv"], ".csv", False),
 }
 KINDS = ("new", "new", "folder", "existing", "symlink", "device", "fifo", "dir", "proc", "long", "notdir", "suffix")
-SUFFIXED = {"search --pareto", "search --csv", "search --html"}  # the flags whose suffix says the format
+SUFFIXED = {"search --pareto", "search --csv", "search --html",  # the flags whose suffix says the format
+            "capacity --csv"}
 
 
 def expected(flag: str, kind: str, fault: int | None) -> set[int]:

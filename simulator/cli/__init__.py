@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "models": "simulator.cli.models_cmd:models_command",
     "clusters": "simulator.cli.clusters_cmd:clusters_command",
     "sweep": "simulator.cli.sweep_cmd:sweep_command",
+    "capacity": "simulator.cli.capacity_cmd:capacity_command",
 }
 
 USAGE_EXIT_CODE = 2
