@@ -56,6 +56,7 @@ READERS: list[tuple[str, Callable[[Path], Any]]] = [
     ("calibration/published/model_error_band.json", lambda p: _band_file()),
     ("calibration/published/host_overhead_loso.json", lambda p: _host_left_out(p)),
     ("calibration/published/residuals.json", lambda p: _residuals(p)),
+    ("calibration/published/from_runs_protocol.json", lambda p: _from_runs_protocol(p)),
     ("reports/cpu-validation/run-*.json", lambda p: (load_run_record(p), _data_set("cpu-reference-loop")(p))),
     ("reports/cpu-validation/*-raw.json", read_raw),
     ("reports/cpu-validation/cpu-profile*.json", load_profile),
@@ -90,6 +91,17 @@ def _band_file() -> Any:
 def _host_left_out(path: Path) -> Any:
     table = parse_json(read_text(path, "host fit table"), str(path))
     assert {row["left_out"] for row in table["rows"]} <= {d.key for d in REGISTRY}
+    return table
+
+
+def _from_runs_protocol(path: Path) -> Any:
+    """Each row names a measured set, the three runs the fixed rule picked from it, and what they were judged on."""
+    table = parse_json(read_text(path, "from-runs protocol table"), str(path))
+    registry = {d.key: d for d in REGISTRY}
+    for row in table["rows"]:
+        runs = registry[row["set"]].runs()
+        assert len(row["chosen"]) == 3 and set(row["chosen"]) <= {r.label for r in runs}
+        assert row["judged_on"] == len(runs) - 3
     return table
 
 
