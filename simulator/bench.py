@@ -1,4 +1,4 @@
-"""Speed benchmarks: `python -m simulator.bench [evaluation|engine|search|sweep|goodput|all]`.
+"""Speed benchmarks: `python -m simulator.bench [evaluation|engine|search|sweep|goodput|capacity|all]`.
 
 Speed is a feature of a planner (a search evaluates thousands of plans), so it is measured here,
 not asserted in a timed test. Each figure is the median of several runs on this machine.
@@ -191,6 +191,35 @@ def bench_goodput() -> None:
               f"{r.expected_s(k) / 86400:.1f}")
 
 
+def bench_capacity() -> None:
+    """A capacity question as a user asks it: GPT-3 175B on 300B tokens by 30 days at P90, on A100, H100 or H200
+    (`simulator capacity --model gpt3-175b --tokens 300e9 --gbs 1536 --clusters dgx-a100-80gb,dgx-h100,dgx-h200
+    --deadline-days 30`), on local processes as the command runs it; wall and CPU seconds, cold."""
+    import os
+
+    from simulator.planner import plan_search  # noqa: F401 - imported before the workers fork, as the command does
+    from simulator.planner.capacity import CapacityRequest, plan_capacity
+    from simulator.spec.economics import economics_for, load_economics
+
+    clusters = tuple(load_cluster(c) for c in ("dgx-a100-80gb", "dgx-h100", "dgx-h200"))
+    data = load_economics()
+    req = CapacityRequest(model=load_model("gpt3-175b"), clusters=clusters,
+                          economics=tuple(economics_for(c, data) for c in clusters), tokens=300e9,
+                          global_batch_size=1536, deadline_days=30)
+    workers = min(len(clusters), 2 * (os.cpu_count() or 1))
+    clear_caches()
+    t0, cpu0 = time.perf_counter(), os.times()
+    result = plan_capacity(req, workers=workers)
+    elapsed, cpu1 = time.perf_counter() - t0, os.times()
+    cpu = (cpu1.user + cpu1.system + cpu1.children_user + cpu1.children_system
+           - cpu0.user - cpu0.system - cpu0.children_user - cpu0.children_system)
+    a = result.answer
+    what = (f"{a.gpus:,} GPUs of {a.cluster}, {a.days:.1f} days at P90, ${a.cost_usd.value:,.0f}" if a is not None
+            else f"no answer ({result.binding})")
+    print(f"capacity: GPT-3 175B, 300B tokens, 30 days at P90 on 3 cluster kinds: {result.searches} searches on "
+          f"{workers} processes in {elapsed:.1f} s wall ({cpu:.1f} s CPU, {os.cpu_count()} cores); answer {what}")
+
+
 def main(argv: list[str]) -> None:
     what = argv[0] if argv else "all"
     if what in ("evaluation", "all"):
@@ -203,6 +232,8 @@ def main(argv: list[str]) -> None:
         bench_sweep()
     if what in ("goodput", "all"):
         bench_goodput()
+    if what in ("capacity", "all"):
+        bench_capacity()
 
 
 def run(argv: list[str]) -> int:

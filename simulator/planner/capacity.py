@@ -34,7 +34,14 @@ from simulator.planner.capacity_explain import (
     priced_ok,
 )
 from simulator.planner.capacity_explain import bends as curve_bends
-from simulator.planner.capacity_grid import bisection_walk, boundary_walk, bracket, cluster_counts, run_walks
+from simulator.planner.capacity_grid import (
+    bisection_walk,
+    boundary_walk,
+    bracket,
+    cluster_counts,
+    run_walks,
+    runner,
+)
 from simulator.planner.capacity_interval import DEFAULT_SAMPLES
 from simulator.spec import limits
 from simulator.spec.economics import ClusterEconomics
@@ -47,6 +54,9 @@ HOURS_PER_DAY = 24.0
 # A capacity question runs a search per point; each simulates this many of its fastest plans by the closed-form
 # screen (a third of the time of `search`'s 16, which the plan of a single count can still be checked with)
 DEFAULT_FINALISTS = 4
+# simulated runs of each point's failures (unless the settings name theirs): its P10 and P90 are the joint sample's
+# failure timing, and two hundred place them within a percent or two of the spread
+FAILURE_RUNS = 200
 # a cluster is refined near a deadline unless its options either side of it cost this much more than the best
 REFINE_MARGIN = 0.25
 # bounds of the goal's figures: past them a question is a typo, not a plan
@@ -283,23 +293,26 @@ def plan_capacity(req: CapacityRequest, evaluate: Callable[[CapacityPoint], Poin
         past = None
     every = req.every_count or req.gpus is not None
 
+    settings = req.goodput if req.goodput.runs is not None else req.goodput.model_copy(update={"runs": FAILURE_RUNS})
+
     def task(name: str, count: int) -> CapacityPoint:
         return CapacityPoint(model=req.model, cluster=by_name[name][0], gpus=count,
-                             global_batch_size=req.global_batch_size, tokens=req.tokens, goodput=req.goodput,
+                             global_batch_size=req.global_batch_size, tokens=req.tokens, goodput=settings,
                              samples=req.samples, finalists=req.finalists)
 
     found: dict[tuple[str, int], CapacityOption] = {}
 
-    def run(walks: dict) -> None:
+    def walk_all(walks: dict, on) -> None:
         offset = len(found)
         shown = None if progress is None else lambda done, total: progress(offset + done, offset + total)
-        for name, count, result in run_walks(walks, task, evaluate, workers, ray_address, shown):
+        for name, count, result in run_walks(walks, task, on, shown):
             found[(name, count)] = priced(result, by_name[name][1], req.confidence, count not in counts[name])
 
-    run({name: _priced_walk(boundary_walk(cs, past, every), by_name[name][1], req.confidence)
-         for name, cs in counts.items()})
-    if past is not None and req.refine:
-        run(_bisections(req, found, past, {name: c.gpus_per_node for name, (c, _) in by_name.items()}))
+    with runner(evaluate, list(counts), workers, ray_address) as on:
+        walk_all({name: _priced_walk(boundary_walk(cs, past, every), by_name[name][1], req.confidence)
+                  for name, cs in counts.items()}, on)
+        if past is not None and req.refine:
+            walk_all(_bisections(req, found, past, {name: c.gpus_per_node for name, (c, _) in by_name.items()}), on)
     order = {c.name: i for i, c in enumerate(req.clusters)}
     options = [found[k] for k in sorted(found, key=lambda k: (order[k[0]], k[1]))]
     options = mark_frontier(options)

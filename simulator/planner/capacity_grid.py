@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Generator, Iterator
 
@@ -160,8 +161,8 @@ class _Ray(_Inline):
         try:
             import ray
         except ImportError:
-            raise ConfigError("--ray-address needs Ray; install the ray extra (pip install "
-                              "'megatron-perf-simulator[ray]') or drop --ray-address to run on local processes") from None
+            raise ConfigError("--ray-address needs Ray; install the ray extra (pip install 'megatron-perf-simulator"
+                              "[ray]') or drop --ray-address to run on local processes") from None
         from simulator.planner.sweep import connect_ray
 
         self.ray, self.started, self.pending = ray, not ray.is_initialized(), {}
@@ -181,42 +182,54 @@ class _Ray(_Inline):
             self.ray.shutdown()
 
 
-def run_walks(walks: dict[str, Walk], task_of: Callable[[str, int], Any], fn: Callable[[Any], Any],
-              workers: int = 1, ray_address: str | None = None,
-              progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[str, int, Any]]:
-    """Advance every walk until each ends, searching the points they ask for with ``fn(task_of(walk, count))``:
-    in this process (``workers`` 1), on local processes, or on Ray; yield (walk, count, result) as each ends."""
+@contextmanager
+def runner(fn: Callable[[Any], Any], lanes: list[str], workers: int = 1,
+           ray_address: str | None = None) -> Iterator[_Inline]:
+    """Where the points are searched, with ``fn``: in this process (``workers`` 1), on local processes (one lane
+    each for the walks ``lanes`` names, so a walk's points share one process however many phases ask for them),
+    or on Ray."""
     if ray_address is not None and not ray_address.strip():
         raise ConfigError("--ray-address is empty; give local, HOST:PORT or ray://HOST:PORT, or drop it to run on "
                           "local processes")
-    runner = (_Ray(fn, ray_address, workers) if ray_address is not None
-              else _Pool(fn, min(workers, len(walks)), {name: i for i, name in enumerate(walks)}) if workers > 1
-              else _Inline(fn))
+    if ray_address is not None:
+        run = _Ray(fn, ray_address, workers)
+    elif workers > 1 and len(lanes) > 1:
+        run = _Pool(fn, min(workers, len(lanes)), {name: i for i, name in enumerate(lanes)})
+    else:
+        run = _Inline(fn)
+    try:
+        yield run
+    finally:
+        run.close()
+
+
+def run_walks(walks: dict[str, Walk], task_of: Callable[[str, int], Any], run: _Inline,
+              progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[str, int, Any]]:
+    """Advance every walk until each ends, searching the points they ask for (``task_of(walk, count)``) on
+    ``run``; yield (walk, count, result) as each point's search ends."""
     waiting: dict[str, set[int]] = {}
     got: dict[str, dict[int, Any]] = {}
     done = 0
-    try:
-        def ask(name: str, step: tuple[int, ...] | None) -> None:
-            if step is None:
-                return
-            waiting[name], got[name] = set(step), {}
-            for count in step:
-                runner.submit((name, count), task_of(name, count))
 
-        for name, w in walks.items():
-            ask(name, next(w, None))
-        while any(waiting.values()):
-            (name, count), result = runner.next_done()
-            done += 1
-            if progress is not None:
-                progress(done, done + sum(len(s) for s in waiting.values()) - 1)
-            yield name, count, result
-            waiting[name].discard(count)
-            got[name][count] = result
-            if not waiting[name]:
-                try:
-                    ask(name, walks[name].send(got[name]))
-                except StopIteration:
-                    pass
-    finally:
-        runner.close()
+    def ask(name: str, step: tuple[int, ...] | None) -> None:
+        if step is None:
+            return
+        waiting[name], got[name] = set(step), {}
+        for count in step:
+            run.submit((name, count), task_of(name, count))
+
+    for name, w in walks.items():
+        ask(name, next(w, None))
+    while any(waiting.values()):
+        (name, count), result = run.next_done()
+        done += 1
+        if progress is not None:
+            progress(done, done + sum(len(s) for s in waiting.values()) - 1)
+        yield name, count, result
+        waiting[name].discard(count)
+        got[name][count] = result
+        if not waiting[name]:
+            try:
+                ask(name, walks[name].send(got[name]))
+            except StopIteration:
+                pass

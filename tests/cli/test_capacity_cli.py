@@ -132,3 +132,37 @@ def test_a_real_search_end_to_end():
         == a["gpus"]
     assert a["days_p10"] <= a["days_p50"] <= a["days_p90"] <= 1
     assert "--global-batch-size" in " ".join(doc["launch"]["megatron_args"])
+
+
+class _Ref:
+    def __init__(self, value):
+        self.value = value
+
+
+def test_on_ray_the_answer_is_the_one_local_processes_give(searched, monkeypatch):
+    """Ray replaced by the stand-in of the sweep's tests (each point run in this process when submitted)."""
+    import sys
+    import types
+
+    from tests.cli.test_ray_cli import FakeRay
+
+    class Ray(FakeRay):
+        def remote(self, fn):
+            return types.SimpleNamespace(remote=lambda *args: _Ref(fn(*args)))
+
+        def wait(self, refs, num_returns=1):
+            return refs[:num_returns], refs[num_returns:]
+
+        def get(self, ref):
+            return ref.value
+
+    ray = Ray()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    args = [*BASE, *THREE, "--deadline-days", "30", "--json"]
+    on_ray = json.loads(CliRunner().invoke(cli, [*args, "--ray-address", "local", "--workers", "2"]).output)
+    local = json.loads(CliRunner().invoke(cli, [*args, "--workers", "1"]).output)
+    assert ray.inits and ray.inits[0]["address"] == "local" and not ray.up
+    for doc in (on_ray, local):
+        doc.pop("elapsed_s")
+    assert on_ray == local
+    refused(*args, "--ray-address", " ", needle="--ray-address is empty")

@@ -227,3 +227,10 @@ def test_the_goodput_settings_reach_every_point():
     req = _request(clusters=("dgx-h100",), goodput=GoodputSettings(mtbf_gpu_hours=20_000, seed=3), deadline_days=30)
     plan_capacity(req, evaluate=spy)
     assert seen and all(g.mtbf_gpu_hours == 20_000 and g.seed == 3 for g in seen)
+
+
+def test_local_processes_give_what_one_process_gives():
+    req = _request(deadline_days=30, refine=2)
+    one = plan_capacity(req, evaluate=fake_point, workers=1)
+    many = plan_capacity(req, evaluate=fake_point, workers=3)
+    assert one.model_dump(exclude={"elapsed_s"}) == many.model_dump(exclude={"elapsed_s"})
