@@ -73,10 +73,11 @@ FLAGS = {
     "calibrate --out": (None, ".json", False),  # the raw points of the work folder, fitted
     "sweep --out": (None, "", True),
     "capacity --csv": (CAPACITY + ["--csv"], ".csv", False),
+    "capacity --plot": (CAPACITY + ["--plot"], ".png", False),
 }
 KINDS = ("new", "new", "folder", "existing", "symlink", "device", "fifo", "dir", "proc", "long", "notdir", "suffix")
 SUFFIXED = {"search --pareto", "search --csv", "search --html",  # the flags whose suffix says the format
-            "capacity --csv"}
+            "capacity --csv", "capacity --plot"}
 
 
 def expected(flag: str, kind: str, fault: int | None) -> set[int]:

@@ -229,11 +229,15 @@ def _launch(req, answer):
               help="Run the searches on a Ray cluster (`local` starts one on this machine), as `sweep` does.")
 @click.option("--csv", "csv_path", type=OutputFile("CSV table", (".csv",)), default=None,
               help="Write every option searched as CSV.")
+@click.option("--plot", "plot_path", type=OutputFile("capacity figure", (".png", ".svg", ".pdf")), default=None,
+              help="Draw days against GPUs per cluster kind with the deadline, and cost against days with the "
+                   "frontier (PNG, SVG or PDF by the suffix).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print machine-readable JSON.")
 @goodput_options
 def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text, gpus_text, gpus_min, gpus_max,
                      deadline_days, budget_usd, confidence, prices, pue, grid_kg_co2e_per_kwh, economics_path, refine,
-                     every_count, samples, finalists, workers, ray_address, csv_path, as_json, **goodput_flags):
+                     every_count, samples, finalists, workers, ray_address, csv_path, as_json, plot_path=None,
+                     **goodput_flags):
     """Which cluster, how many GPUs and which plan train the model on the tokens by a deadline (the cheapest) or
     within a budget (the fastest), with GPU-hours, cost, energy and emissions, each with its band; with neither
     goal, the frontier of days against cost."""
@@ -276,6 +280,10 @@ def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text
             bar.close()
     if csv_path is not None:
         write_output(csv_path, render_csv(result), "CSV table")
+    if plot_path is not None:
+        from simulator.outputs.plots_capacity import capacity_figure
+
+        capacity_figure(result, plot_path)
     answer = result.answer
     job = _launch(req, answer) if answer is not None and answer.plan is not None else None
     if as_json:
@@ -286,8 +294,9 @@ def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text
                "samples": req.samples}
         if job is not None:
             doc["launch"] = launch_json(job, answer.save_interval, req.goodput.async_save)
-        if csv_path is not None:
-            doc["csv"] = str(csv_path)
+        for key, value in (("csv", csv_path), ("plot", plot_path)):
+            if value is not None:
+                doc[key] = str(value)
         click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
         return
     for line in render_text(req, result, economics):
@@ -299,3 +308,5 @@ def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text
                    .replace("Megatron-LM launch:", "Megatron-LM launch for the answer:"))
     if csv_path is not None:
         click.echo(f"every option written to {csv_path}")
+    if plot_path is not None:
+        click.echo(f"figure written to {plot_path}")

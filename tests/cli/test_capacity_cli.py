@@ -166,3 +166,19 @@ def test_on_ray_the_answer_is_the_one_local_processes_give(searched, monkeypatch
         doc.pop("elapsed_s")
     assert on_ray == local
     refused(*args, "--ray-address", " ", needle="--ray-address is empty")
+
+
+def test_the_figure_draws_days_against_gpus_with_the_deadline_and_the_frontier(searched, tmp_path):
+    from simulator.outputs.plots_capacity import capacity_figure
+    from simulator.planner.capacity import plan_capacity
+    from tests.planner.test_capacity import _request
+
+    path = tmp_path / "capacity.png"
+    result = CliRunner().invoke(cli, [*BASE, *THREE, "--deadline-days", "30", "--workers", "1", "--plot", str(path)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"figure written to {path}" in result.output
+    said = capacity_figure(plan_capacity(_request(deadline_days=30), evaluate=fake_point), tmp_path / "c.svg")
+    days, cost = said["axes"]
+    assert "deadline, 30 days" in days["legend"] and any(x.startswith("answer: ") for x in days["legend"])
+    assert {"frontier", "answer", "deadline"} <= set(cost["legend"])
+    refused(*BASE, *THREE, "--plot", str(tmp_path / "c.txt"), needle="PNG, SVG or PDF")
