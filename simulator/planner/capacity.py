@@ -118,6 +118,8 @@ class CapacityRequest(BaseModel):
             raise ValueError(f"cluster {twice!r} is named twice; name each cluster once")
         if [e.cluster for e in self.economics] != names:
             raise ValueError("economics must give each cluster's figures, in the order of the clusters")
+        if self.gpus is not None and (self.gpus_min is not None or self.gpus_max is not None):
+            raise ValueError("give the GPU counts (--gpus) or their range (--gpus-min, --gpus-max), not both")
         if self.gpus_min is not None and self.gpus_max is not None and self.gpus_min > self.gpus_max:
             raise ValueError(f"the GPU range {self.gpus_min:,}-{self.gpus_max:,} is empty; give --gpus-min at most "
                              "--gpus-max")
@@ -288,7 +290,8 @@ def plan_capacity(req: CapacityRequest, evaluate: Callable[[CapacityPoint], Poin
     if req.goal is Goal.deadline:
         past = lambda o: meets_deadline(o, req.deadline_days)  # noqa: E731
     elif req.goal is Goal.budget:
-        past = lambda o: not within_budget(o, req.budget_usd)  # noqa: E731
+        # a count with no plan has no cost: it lies short of the budget (fewer GPUs than fit), never past it
+        past = lambda o: o.status == "ok" and not within_budget(o, req.budget_usd)  # noqa: E731
     else:
         past = None
     every = req.every_count or req.gpus is not None

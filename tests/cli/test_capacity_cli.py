@@ -52,6 +52,7 @@ def searched(monkeypatch):
     (["--clusters", "dgx-h100", "--gpus-min", "1", "--gpus-max", "7"], "holds no whole node of dgx-h100"),
     (["--clusters", "dgx-h100", "--gpus-min", "512", "--gpus-max", "256"], "GPU range 512-256 is empty"),
     (["--clusters", "dgx-h100", "--gpus", "64,100"], "--gpus 100 is not whole nodes"),
+    (["--clusters", "dgx-h100", "--gpus", "64", "--gpus-max", "128"], "not both"),
     (["--clusters", "dgx-h100", "--gpus", "64,,128"], "empty entry"),
     (["--clusters", "dgx-h100", "--gpus", "sixty"], "not a whole number"),
     (THREE + ["--price-per-gpu-hour", "nan"], "--price-per-gpu-hour 'nan' is not a price"),

@@ -88,6 +88,15 @@ def test_the_walk_finds_the_answer_every_count_finds(deadline, confidence):
 
 
 @given(budget=st.floats(min_value=1e5, max_value=5e7), confidence=CONFIDENCES)
+def test_the_budget_walk_finds_the_answer_every_count_finds(budget, confidence):
+    # A100's fewest GPUs by the memory floor hold no plan here (no cost): short of the budget, not past it
+    one = ("dgx-a100-80gb",)
+    walked = _run(_request(clusters=one, budget_usd=budget, confidence=confidence, refine=0))
+    full = _run(_request(clusters=one, budget_usd=budget, confidence=confidence, refine=0, every_count=True))
+    assert (walked.answer and _key(walked.answer)) == (full.answer and _key(full.answer))
+
+
+@given(budget=st.floats(min_value=1e5, max_value=5e7), confidence=CONFIDENCES)
 def test_the_budget_answer_is_the_fastest_within_it(budget, confidence):
     result = _run(_request(budget_usd=budget, confidence=confidence, every_count=True))
     ok = [o for o in result.options if o.status == "ok"]
@@ -234,3 +243,17 @@ def test_local_processes_give_what_one_process_gives():
     one = plan_capacity(req, evaluate=fake_point, workers=1)
     many = plan_capacity(req, evaluate=fake_point, workers=3)
     assert one.model_dump(exclude={"elapsed_s"}) == many.model_dump(exclude={"elapsed_s"})
+
+
+def test_a_budget_is_refined_between_the_counts_either_side_of_it_past_counts_with_no_plan():
+    # A100's fewest GPUs hold no plan here: they have no cost, so they lie short of the budget, not past it
+    one = ("dgx-a100-80gb",)
+    full = _run(_request(clusters=one, every_count=True))
+    costs = {o.gpus: o.cost_usd.value for o in full.options if o.status == "ok"}
+    assert any(o.status == "no plan" for o in full.options)
+    low, high = sorted(costs)[1:3]
+    budget = (costs[low] + costs[high]) / 2
+    result = _run(_request(clusters=one, budget_usd=budget, refine=2, every_count=True))
+    refined = [o.gpus for o in result.options if o.refined]
+    assert refined and all(low < g < high for g in refined)
+    assert result.answer.cost_usd.value <= budget and result.answer.gpus >= low
