@@ -42,12 +42,17 @@ def test_a_gpu_draws_at_most_its_datasheet_tdp_and_a_node_at_most_its_maximum():
         assert gpu.node_power_w.high == pytest.approx(kw * 1000), name
 
 
-def test_every_gpu_cluster_preset_has_economics():
+def test_every_cluster_preset_is_priced_or_refused_naming_the_fix():
     data = load_economics()
+    for name in ("dgx-a100-40gb", "dgx-a100-80gb", "a100-80gb-4x-hdr", "dgx-h100", "dgx-h200"):
+        assert economics_for(load_cluster(name), data).price_per_gpu_hour_usd.value > 0, name
     for name in cluster_names():
         cluster = load_cluster(name)
-        if cluster.gpu.name.lower() != "cpu":
-            assert economics_for(cluster, data).price_per_gpu_hour_usd.value > 0, name
+        if cluster.gpu.name in data.gpus:
+            assert economics_for(cluster, data).power_w_per_gpu.value > 0, name
+        else:  # a kind without public prices yet: one sentence that says how to give them
+            with pytest.raises(ConfigError, match=f"no price or power for GPU {cluster.gpu.name!r}.*--economics"):
+                economics_for(cluster, data)
     assert "default" in economics_names()
 
 
