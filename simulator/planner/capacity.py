@@ -3,7 +3,8 @@
 The question a team brings is "we must train this model on these tokens by this date (or within this budget):
 which GPUs, how many, which plan, what will it cost in GPU-hours, money and energy, and how sure are we?".
 ``plan_capacity`` answers it over several cluster kinds: for each kind and GPU count the walk asks for
-(``capacity_grid``), the best plan of the search (``plan_search.search``, as `search` and `sweep` rank them),
+(``capacity_grid``), the best plan of the search (``plan_search.search``, ranked as `search` and `sweep` rank
+plans, among its DEFAULT_FINALISTS fastest by the closed-form screen),
 its days with failures, checkpoints and restarts as one P10 / P50 / P90 (``capacity_interval``), and from them
 the GPU-hours, cost, energy and emissions (``simulator.spec.economics``), each with its band. Then the answer
 to the goal (``capacity_explain``): the cheapest option that finishes by the deadline at the chosen confidence,
@@ -52,7 +53,8 @@ from simulator.spec.plan import ParallelPlan
 
 HOURS_PER_DAY = 24.0
 # A capacity question runs a search per point; each simulates this many of its fastest plans by the closed-form
-# screen (a third of the time of `search`'s 16, which the plan of a single count can still be checked with)
+# screen, where `search` simulates 16: the engine and the bands of the finalists take a third or more of a search,
+# and `simulator search --gpus N` still ranks 16 for the plan of the count chosen
 DEFAULT_FINALISTS = 4
 # simulated runs of each point's failures (unless the settings name theirs): its P10 and P90 are the joint sample's
 # failure timing, and two hundred place them within a percent or two of the spread
