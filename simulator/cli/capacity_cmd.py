@@ -138,7 +138,8 @@ def render_text(req, result, economics) -> list[str]:
     c = result.confidence.value
     tokens = _si(req.tokens).replace("G", "B")
     lines = [f"{req.model.name}, {tokens} tokens, global batch {req.global_batch_size:,}: {_goal_words(result)}",
-             f"{result.searches} points searched on {len(req.clusters)} cluster kinds in {result.elapsed_s:.1f} s", "",
+             f"{result.searches} points searched on {len(req.clusters)} cluster kind"
+             f"{'s' if len(req.clusters) != 1 else ''} in {result.elapsed_s:.1f} s", "",
              f"{'':2}{'cluster':16s} {'GPUs':>6}  {'plan':36s} {'days P10 / P50 / P90':>22}  {'GPU-hours':>20} "
              f"{'cost (USD)':>22} {'MWh':>20} {'tCO2e':>20}"]
     answer = result.answer
