@@ -263,7 +263,7 @@ def _claims() -> tuple[list[str], dict]:
 # README_ORDER.
 
 README_ORDER = ("decomposition", "search_figures", "validation", "figure8", "figures_1_7", "parity", "claims", "memory",
-                "timeline", "scaling", "trust", "moe", "goodput")
+                "timeline", "scaling", "trust", "moe", "goodput", "blackwell")
 
 
 def _step_decomposition(_: dict) -> dict:
@@ -303,7 +303,7 @@ def _step_validation(deps: dict) -> dict:
 def steps(html: bool = False) -> list[Step]:
     """The report's steps, each after the steps it reads."""
     from simulator.outputs import report_figures as rf
-    from simulator.outputs import report_goodput, report_moe
+    from simulator.outputs import report_blackwell, report_goodput, report_moe
 
     scenarios = [[s.model, s.gpus, s.global_batch_size, s.standard_pp] for s in SCENARIOS]
     out = [
@@ -320,6 +320,9 @@ def steps(html: bool = False) -> list[Step]:
         Step("trust", _step_trust, deps=("decomposition",)),
         Step("moe", report_moe.step_moe),
         Step("goodput", report_goodput.step_goodput),
+        Step("blackwell", report_blackwell.step_blackwell,
+             params=[[[s.model, s.gpus, s.global_batch_size, s.tokens] for s in report_blackwell.SCENARIOS],
+                     list(report_blackwell.CLUSTERS)]),
     ]
     if html:
         out.append(Step("html", rf.step_html, deps=("decomposition",)))
