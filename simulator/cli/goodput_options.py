@@ -44,17 +44,43 @@ def goodput_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def goodput_settings(kwargs: dict[str, Any]):
-    """The ``GoodputSettings`` of the flags (popped from ``kwargs``)."""
+def goodput_settings(kwargs: dict[str, Any], launch: dict[str, Any] | None = None, notes: list[str] | None = None):
+    """The ``GoodputSettings`` of the flags (popped from ``kwargs``), over the ``--save-interval`` and
+    ``--async-save`` a launch script gives (``launch``): a flag on the command line wins, and ``notes`` says
+    which was read."""
     from simulator.estimator.goodput import GoodputSettings
 
     o = {name: kwargs.pop(name, None) for name in GOODPUT_OPTION_NAMES}
     seed = o.pop("failure_seed") or 0
+    launch, notes = launch or {}, notes if notes is not None else []
+    interval = launch.get("save_interval")
+    if interval is not None and o["save_interval"] is None:
+        o["save_interval"] = interval
+        notes.append(f"checkpoints every {interval:,} iterations, the launch's --save-interval")
+    elif interval is not None and o["save_interval"] != interval:
+        notes.append(f"--save-interval {o['save_interval']:,} from the command line, not the launch's {interval:,}")
+    if launch.get("async_save"):
+        notes.append("asynchronous saves, the launch's --async-save")
+        o["async_save"] = True
     return GoodputSettings(**{k: v for k, v in o.items() if v is not None}, seed=seed)
 
 
-def render_goodput(g) -> list[str]:
-    """`plan`'s lines on days with failures, checkpoints and restarts."""
+def optimal_beside(job, est, settings, given) -> Any:
+    """The expected days at the interval that maximises useful time, beside ``given`` (the days at the interval
+    the user chose); None when the user chose none, or no interval gives an answer."""
+    from simulator.estimator.goodput import EndlessRunError, goodput
+
+    if given is None or settings.save_interval is None:
+        return None
+    try:
+        return goodput(job, est, settings.model_copy(update={"save_interval": None}), simulate=False)
+    except EndlessRunError:
+        return None
+
+
+def render_goodput(g, optimal=None) -> list[str]:
+    """`plan`'s lines on days with failures, checkpoints and restarts (and the best interval's days, ``optimal``,
+    beside an interval the user chose)."""
     c = g.checkpoint
     lines = ["", f"ideal            {g.ideal_days:9.1f} days (no failure, no checkpoint)",
              f"expected         {g.expected_days:9.1f} days with failures, saves and restarts   "
@@ -73,6 +99,8 @@ def render_goodput(g) -> list[str]:
         f"checkpoint       every {g.save_interval:,} iterations ({g.save_interval_s / 60:.1f} min"
         + (", the interval that maximises useful time" if g.save_interval_optimal else ", as given") + "), "
         f"{c.save_bytes / 1e12:.3g} TB, {c.save_bytes_per_rank / 1e9:.3g} GB per rank",
+        *([f"  optimal would be {optimal.save_interval:,} iterations, {optimal.expected_days:.1f} days"]
+          if optimal is not None and optimal.save_interval != g.save_interval else []),
         f"  save           {c.blocking_s:9.1f} s blocking"
         + (f" + {c.durable_lag_s:.1f} s written behind (async)" if g.async_save else "")
         + f"   ({g.checkpoint_overhead * 100:.1f} % of compute); load {c.load_s:.1f} s, restart {g.restart_s:.0f} s",

@@ -10,11 +10,13 @@ launch, so ``--tp 8`` and ``--tensor-model-parallel-size 8`` are the same flag t
 from __future__ import annotations
 
 import shlex
+import sys
 from typing import Any
 
 import click
 
 from simulator.cli.options import PLAN_OPTION_NAMES, job_from_options
+from simulator.spec import limits
 from simulator.spec.errors import ConfigError
 from simulator.spec.megatron_args import FLAGS, parse_launch, read_text, resolve
 
@@ -72,8 +74,14 @@ def megatron_options(func):
              "Megatron's flags may also be typed on this command line directly.")(func)
 
 
+def _standard_input() -> bytes | str:
+    """Standard input, up to one byte past the largest launch (so that more is refused unread)."""
+    return getattr(sys.stdin, "buffer", sys.stdin).read(limits.MAX_INPUT_FILE_BYTES + 1)
+
+
 def job_from_megatron(ctx: click.Context, kwargs: dict[str, Any]):
-    """The Job of ``--megatron-args`` or of inline Megatron flags, with its notes; None if neither was given."""
+    """(Job, notes, the launch's own checkpoint settings: ``GoodputSettings`` fields) of ``--megatron-args`` or
+    of inline Megatron flags; None if neither was given."""
     path, inline = kwargs.get("megatron_args_path"), kwargs.get(INLINE)
     if path is None and inline is None:
         return None
@@ -90,7 +98,7 @@ def job_from_megatron(ctx: click.Context, kwargs: dict[str, Any]):
     from simulator.spec.hardware import load_cluster
 
     cluster = load_cluster(kwargs.get("cluster", "dgx-a100-80gb"))
-    text = inline if inline is not None else read_text(path, lambda: click.get_text_stream("stdin").read())
+    text = inline if inline is not None else read_text(path, _standard_input)
     launch = parse_launch(text, cluster.gpus_per_node)
     base = load_model(kwargs.get("model", "gpt3-175b"))
     model, options, notes = resolve(launch, base, kwargs.get("gpus"), kwargs.get("nnodes"))
@@ -102,7 +110,7 @@ def job_from_megatron(ctx: click.Context, kwargs: dict[str, Any]):
         **{**options, "model": kwargs.get("model", "gpt3-175b"), "cluster": kwargs.get("cluster", "dgx-a100-80gb"),
            "allow_tp_across_nodes": kwargs.get("allow_tp_across_nodes", False),
            "moe_load_imbalance": kwargs.get("moe_load_imbalance")})
-    return job, notes
+    return job, notes, launch.checkpointing()
 
 
 def _stem(path: str) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from simulator.cli.goodput_options import goodput_options, goodput_settings, render_goodput
+from simulator.cli.goodput_options import goodput_options, goodput_settings, optimal_beside, render_goodput
 from simulator.cli.megatron_input import MegatronAwareCommand, job_from_megatron, megatron_options
 from simulator.cli.options import (
     TOKENS,
@@ -97,7 +97,7 @@ def render_launch_text(job, save_interval: int | None = None, async_save: bool =
     return "\nMegatron-LM launch:\n" + render_launch(job, save_interval=save_interval, async_save=async_save) + "\n\nNeMo config fragment:\n" + nemo_yaml(job)
 
 
-def render(job, est, notes: list[str] = (), goodput=None) -> str:
+def render(job, est, notes: list[str] = (), goodput=None, optimal=None) -> str:
     from simulator.estimator.prediction import assert_finite
     from simulator.outputs.describe import run_settings
 
@@ -148,7 +148,7 @@ def render(job, est, notes: list[str] = (), goodput=None) -> str:
         lines += [f"training         {est.training_days:9.1f} days for {est.tokens:.3g} tokens "
                   f"({est.gpu_hours:,.0f} GPU-hours)" + _band(est.training_days_low, est.training_days_high, "days", 1)]
     if goodput is not None:
-        lines += render_goodput(goodput)
+        lines += render_goodput(goodput, optimal)
     if est.iteration_time_s_low is not None:
         if est.validation_regime is not None:
             lines += ["", f"band: the model's error on the measured runs of its regime ({est.validation_regime}), "
@@ -214,14 +214,15 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
     from simulator.spec.hf import collected_notes
 
     launch_notes: list[str] = []
+    launch_checkpoints: dict = {}
     with collected_notes() as notes:
         from_megatron = job_from_megatron(click.get_current_context(), {**kwargs, "nnodes": nnodes})
         if from_megatron is not None:
-            job, launch_notes = from_megatron
+            job, launch_notes, launch_checkpoints = from_megatron
         else:
             job = job_from_options(**{**kwargs, "gpus": gpus_of_nodes(kwargs, nnodes)})
     notes = launch_notes + notes
-    settings = goodput_settings(kwargs)
+    settings = goodput_settings(kwargs, launch_checkpoints, notes)
     profile = load_profile(profile_path) if profile_path else None
     from simulator.estimator.band import with_band
 
@@ -237,6 +238,7 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
             if settings != type(settings)():
                 raise  # what the flags asked for has no answer
             notes.append(f"no expected days: {exc}")  # the cluster's own data: the ideal days still stand
+    optimal = optimal_beside(job, est, settings, goodput)  # beside an interval the user chose
     interval = goodput.save_interval if goodput is not None else settings.save_interval
     if trace_path is not None:
         from simulator.outputs.trace import write_trace
@@ -251,12 +253,14 @@ def plan_command(tokens, profile_path, trace_path, as_json, require_fit_flag, pl
         doc = plan_json(job, est)
         doc["notes"] = notes
         doc["goodput"] = goodput.model_dump(mode="json") if goodput is not None else None
+        doc["goodput_optimal"] = (None if optimal is None else
+                                  {"save_interval": optimal.save_interval, "expected_days": optimal.expected_days})
         doc.update(launch_json(job, interval, settings.async_save))
         if plots:
             doc["plots"] = plots
         click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
     else:
-        click.echo(render(job, est, notes, goodput))
+        click.echo(render(job, est, notes, goodput, optimal))
         if show_launch == "bridge":
             from simulator.outputs.bridge import bridge_recipe
 

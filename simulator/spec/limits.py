@@ -149,6 +149,17 @@ MAX_INPUT_FILE_BYTES = 16 * 1024 * 1024
 """A model, cluster, profile, run record or raw-points file (16 MiB): the shipped profiles are about
 20 KB and a measured raw-points file a few hundred KB."""
 
+MAX_SCRIPT_NESTING = 64
+"""If-blocks inside if-blocks, and ``${NAME:-...}`` defaults inside defaults, of a Megatron launch script
+(``--megatron-args``), counted together. The reader follows each level by calling itself (three to five Python
+frames a level), so at this bound a script takes at most some 300 of Python's 1,000 frames, and one nested
+hundreds deep is refused in one sentence instead of crashing; launch scripts nest two or three levels."""
+
+MAX_SCRIPT_EXPANSION_BYTES = 16 * 1024 * 1024
+"""Characters the variables and arrays of a launch script may expand to, counted over the whole script (16 MiB,
+as large as the largest input file). ``A=$A$A`` doubles a value on each line, so forty such lines would ask for a
+terabyte; Megatron-LM's example scripts expand to a few kilobytes."""
+
 MAX_FILE_NAME_BYTES = 255
 """One path component (NAME_MAX of Linux, macOS and Windows file systems)."""
 

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import re
 
+from dataclasses import dataclass, field
+
 from simulator.spec.errors import ConfigError
-from simulator.spec.shell_words import _NAME, Part, Word, _Shell, tokenize
+from simulator.spec.shell_words import _NAME, Part, Span, Word, _Shell, span_of, tokenize
 
 _ASSIGN = re.compile(rf"^({_NAME})(\+?)=")
 _DECLARERS = {"export", "local", "declare", "typeset", "readonly"}
 _NOT_LAUNCHES = {"echo", "printf", "cat", "ls", "test", "[", "[[", "mkdir", "cp", "mv", "rm", "touch", "tee"}
+_HANDOVER = re.compile(r"[^\s'\"=;|&()<>]+\.(?:sh|bash|slurm|sbatch)\b")  # another script that holds the launch
 
 
 # --- statements -----------------------------------------------------------------------------------
@@ -90,8 +93,10 @@ def _condition(shell: _Shell, tokens: list[Word | str]) -> bool | None:
     i = 0
     while i < len(tokens):
         negate = False
-        while _plain(tokens[i]) == "!":
+        while i < len(tokens) and _plain(tokens[i]) == "!":
             negate, i = not negate, i + 1
+        if i == len(tokens):
+            return None  # '!' with nothing to test
         opener = _plain(tokens[i])
         closer = {"[": "]", "[[": "]]"}.get(opener or "")
         if closer is None:
@@ -119,6 +124,11 @@ def _condition(shell: _Shell, tokens: list[Word | str]) -> bool | None:
     return value
 
 
+def _line(statement: list[Word | str]) -> int:
+    """The script line a statement starts on."""
+    return next((t[0].line for t in statement if isinstance(t, tuple)), 0)
+
+
 def _run(shell: _Shell, statements: list[list[Word | str]], i: int, stop: set[str]) -> int:
     """Read statements from ``i`` until one that starts with a keyword of ``stop``; returns its index."""
     while i < len(statements):
@@ -127,7 +137,8 @@ def _run(shell: _Shell, statements: list[list[Word | str]], i: int, stop: set[st
         if head in stop:
             return i
         if head == "if":
-            i = _if_block(shell, statements, i)
+            with shell.nested("if-blocks", _line(st)):  # each level is a call of _run into itself
+                i = _if_block(shell, statements, i)
             continue
         if head in ("for", "while", "until", "case", "select", "function") or (
                 len(st) > 2 and st[1] == "(" and st[2] == ")" and not (head or "=").endswith("=")):
@@ -141,10 +152,18 @@ def _run(shell: _Shell, statements: list[list[Word | str]], i: int, stop: set[st
     return i
 
 
+def _unclosed_if(line: int) -> ConfigError:
+    return ConfigError(f"the if on line {line} of the Megatron launch script has no fi; close it or give the "
+                       "pretrain_gpt.py command")
+
+
 def _if_block(shell: _Shell, statements: list[list[Word | str]], i: int) -> int:
     taken = False
     decided = True
+    opened = _line(statements[i])
     while True:
+        if i >= len(statements):
+            raise _unclosed_if(opened)
         st = statements[i]
         head = _plain(st[0])
         if head in ("if", "elif"):
@@ -159,25 +178,25 @@ def _if_block(shell: _Shell, statements: list[list[Word | str]], i: int) -> int:
             if truth is None and not taken:
                 decided = False
             run_it = truth is True and not taken and decided
-            i = _branch(shell, statements, body_start, run_it)
+            i = _branch(shell, statements, body_start, run_it, opened)
             taken = taken or run_it
         elif head == "else":
             rest = st[1:]
             if rest:
                 statements[i] = rest
-                i = _branch(shell, statements, i, not taken and decided)
+                i = _branch(shell, statements, i, not taken and decided, opened)
             else:
-                i = _branch(shell, statements, i + 1, not taken and decided)
+                i = _branch(shell, statements, i + 1, not taken and decided, opened)
         elif head == "fi":
             if not decided:
                 shell.notes.append("skipped an if-block whose condition cannot be decided without running the "
                                    "script (a file test or a command); put the flags it adds in the launch itself")
             return i + 1
         else:
-            raise ConfigError("the Megatron launch script has an if without its fi; check the script")
+            raise _unclosed_if(opened)
 
 
-def _branch(shell: _Shell, statements: list[list[Word | str]], i: int, run_it: bool) -> int:
+def _branch(shell: _Shell, statements: list[list[Word | str]], i: int, run_it: bool, opened: int) -> int:
     if run_it:
         return _run(shell, statements, i, {"elif", "else", "fi"})
     depth = 0
@@ -192,7 +211,7 @@ def _branch(shell: _Shell, statements: list[list[Word | str]], i: int, run_it: b
         elif head in ("elif", "else") and depth == 0:
             return i
         i += 1
-    raise ConfigError("the Megatron launch script has an if without its fi; check the script")
+    raise _unclosed_if(opened)
 
 
 def _skip_block(shell: _Shell, statements: list[list[Word | str]], i: int) -> int:
@@ -228,13 +247,13 @@ def _simple(shell: _Shell, st: list[Word | str]) -> None:
             continue
         if head == "unset":
             for w in piece[1:]:
-                name = _plain(w)
-                shell.scalars.pop(name or "", None)
-                shell.arrays.pop(name or "", None)
+                shell.unset(_plain(w) or "")
             continue
         rest = _assignments(shell, piece, declare=False)
         if rest:
-            shell.commands.append(shell.expand_words([w for w in rest if isinstance(w, tuple)]))
+            words, wheres = shell.expand_words_located([w for w in rest if isinstance(w, tuple)])
+            shell.commands.append(words)
+            shell.command_segments.append(wheres)
 
 
 def _split_on(tokens: list[Word | str], ops: tuple[str, ...]) -> list[list[Word | str]]:
@@ -263,24 +282,19 @@ def _assignments(shell: _Shell, tokens: list[Word | str], declare: bool) -> list
                 continue
             break
         name, append = m.group(1), bool(m.group(2))
-        first = Part(word[0].text[m.end():], "")
+        first = word[0]._replace(text=word[0].text[m.end():])
         value_word = ((first,) if first.text else ()) + word[1:]
         if not value_word and i + 1 < len(tokens) and tokens[i + 1] == "(":
             end = next((k for k in range(i + 2, len(tokens)) if tokens[k] == ")"), None)
             if end is None:
-                raise ConfigError(f"the array {name}=( in the Megatron launch script is not closed; check the script")
-            items = shell.expand_words([t for t in tokens[i + 2:end] if isinstance(t, tuple)])
-            shell.arrays[name] = (shell.arrays.get(name, []) if append else []) + items
-            shell.scalars.pop(name, None)
+                raise ConfigError(f"the array {name}=( on line {word[0].line} of the Megatron launch script is not "
+                                  "closed; close it with )")
+            items, wheres = shell.expand_words_located([t for t in tokens[i + 2:end] if isinstance(t, tuple)])
+            shell.assign_array(name, items, wheres, append)
             i = end + 1
             continue
-        value = "".join(shell.expand_word(value_word, split=False)) if value_word else ""
-        if name in shell.arrays and not append:
-            shell.arrays[name] = [value]
-        elif name in shell.arrays:
-            shell.arrays[name][0] = shell.arrays[name][0] + value if shell.arrays[name] else value
-        else:
-            shell.scalars[name] = (shell.scalars.get(name, "") if append else "") + value
+        value, where = shell.expand_value(value_word) if value_word else ("", ((0, span_of(word)),))
+        shell.assign(name, value, where, append)
         i += 1
     return tokens[i:]
 
@@ -291,29 +305,60 @@ def _is_launch(words: list[str]) -> bool:
     return any(w.endswith(".py") and not re.search(r"\s", w) for w in words)
 
 
-def launch_words(text: str) -> tuple[list[str], list[str]]:
-    """(words of the launch command, notes): the last command that runs a .py file, with the script's variables
-    and arrays expanded; a text without one is read whole (a list of flags)."""
+@dataclass
+class ScriptLaunch:
+    """What a launch script runs: the launch command's words and the script lines of each, the variables the
+    script set (as bash would have them when the launch runs), what the reader noted, and, when no command
+    runs a .py file, the last command that hands the launch to another script (its name and line)."""
+
+    words: list[str]
+    spans: list[Span]
+    notes: list[str]
+    variables: dict[str, str] = field(default_factory=dict)
+    variable_spans: dict[str, Span] = field(default_factory=dict)
+    found_launch: bool = False
+    handover: tuple[str, int] | None = None
+
+
+def read_launch(text: str) -> ScriptLaunch:
+    """The last command that runs a .py file, with the script's variables and arrays expanded; a text without
+    one is read whole (a list of flags)."""
     shell = _Shell()
-    statements = _statements(tokenize(text))
-    _run(shell, statements, 0, set())
-    launches = [c for c in shell.commands if _is_launch(c)]
+    _run(shell, _statements(tokenize(text)), 0, set())
+    launches = [k for k, c in enumerate(shell.commands) if _is_launch(c)]
+    out = ScriptLaunch(words=[], spans=[], notes=shell.notes, variables=shell.scalars,
+                       variable_spans={name: where[0][1] for name, where in shell.segments.items()})
+    commands = list(zip(shell.commands, ([where[0][1] for where in c] for c in shell.command_segments)))
     if launches:
-        return launches[-1], shell.notes
-    return [w for c in shell.commands for w in c], shell.notes
+        (out.words, out.spans), out.found_launch = commands[launches[-1]], True
+        return out
+    for words, spans in commands:
+        out.words += words
+        out.spans += spans
+        if words and words[0] not in _NOT_LAUNCHES and words[0] not in ("source", "."):
+            found = next((m.group() for w in words for m in [_HANDOVER.search(w)] if m), None)
+            if found is not None:
+                out.handover = (found, spans[0][0])
+    return out
+
+
+def launch_words(text: str) -> tuple[list[str], list[str]]:
+    """(words of the launch command, notes): see ``read_launch``."""
+    launch = read_launch(text)
+    return launch.words, launch.notes
 
 
 def launch_variable(text: str, name: str) -> str | None:
     """The value the script (or an assignment before the launch command) gives variable ``name``, if any."""
-    shell = _Shell()
-    _run(shell, _statements(tokenize(text)), 0, set())
-    return shell.scalars.get(name)
+    return read_launch(text).variables.get(name)
 
 
 __all__ = [
     "Part",
+    "ScriptLaunch",
     "Word",
     "launch_variable",
     "launch_words",
+    "read_launch",
     "tokenize",
 ]

@@ -126,3 +126,87 @@ def test_megatron_llama3_8b_fp8_example_fits_with_bf16_gradients(tmp_path):
     assert before["gradients_bytes"] == 2 * stage["gradients_bytes"]
     assert before["weights_bytes"] > stage["weights_bytes"]
     assert fp32["memory"]["peak_bytes"] - memory["peak_bytes"] > 16 * 10**9
+
+
+# --- the launch's own checkpoints --------------------------------------------------------------------
+
+def test_the_launch_save_interval_is_simulated_with_the_best_one_beside_it(tmp_path):
+    doc = _json(run("plan", "--megatron-args", str(GPT3), "--gpus", "1024", "--tokens", "300e9", "--json"))
+    g, best = doc["goodput"], doc["goodput_optimal"]
+    assert g["save_interval"] == 10000 and not g["save_interval_optimal"] and not g["async_save"]
+    assert best["save_interval"] != 10000 and best["expected_days"] < g["expected_days"]
+    assert "--save-interval 10000" in doc["megatron_args"]
+    assert any("the launch's --save-interval" in n for n in doc["notes"])
+    text = run("plan", "--megatron-args", str(GPT3), "--gpus", "1024", "--tokens", "300e9")
+    assert f"optimal would be {best['save_interval']:,} iterations, {best['expected_days']:.1f} days" in text.output
+    # the command line's flag wins, and says so
+    given = _json(run("plan", "--megatron-args", str(GPT3), "--gpus", "1024", "--tokens", "300e9",
+                      "--save-interval", "500", "--json"))
+    assert given["goodput"]["save_interval"] == 500
+    assert any("--save-interval 500 from the command line, not the launch's 10,000" in n for n in given["notes"])
+    # --async-save in the script is read too
+    async_script = tmp_path / "async.sh"
+    async_script.write_text(GPT3.read_text().replace("    --save-interval 10000\n",
+                                                     "    --save-interval 10000\n    --async-save\n"))
+    saved = _json(run("plan", "--megatron-args", str(async_script), "--gpus", "1024", "--tokens", "300e9", "--json"))
+    assert saved["goodput"]["async_save"] and "--async-save" in saved["megatron_args"]
+
+
+def test_a_save_interval_past_megatrons_int_is_one_sentence(tmp_path):
+    path = tmp_path / "launch.sh"
+    path.write_text("--num-layers 2 --save-interval 4294967296 --save ckpt")
+    result = run("plan", "--megatron-args", str(path))
+    assert result.exit_code == 2 and "C int" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+# --- the tokenizer's vocabulary, and the line a refusal names ----------------------------------------
+
+MIXTRAL = FIXTURES / "megatron_mixtral_8x7b_distributed.sh"
+DEEPSEEK_SLURM = FIXTURES / "megatron_deepseek_v3_slurm.sh"
+DEEPSEEK_TRAIN = FIXTURES / "megatron_deepseek_v3_train.sh"
+
+
+def test_megatron_mixtral_example_takes_its_tokenizers_vocabulary():
+    doc = _json(run("plan", "--cluster", "dgx-h100", "--megatron-args", str(MIXTRAL), "--json"))
+    assert "--vocab-size 32000" in doc["megatron_args"]  # Llama 2's, not GPT-3's 51,200 of the default --model
+    assert not any("vocabulary" in n for n in doc["notes"])
+    # a comment that ends in a backslash ends at its line: the flags after it are read
+    words, _ = launch_words(MIXTRAL.read_text())
+    assert "--eval-iters" in words and "--no-load-rng" in words and "--save-interval" not in words
+
+
+@pytest.mark.parametrize("flags,vocab,note", [
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Meta-Llama-3-8B", 128256, False),
+    ("--tokenizer-type HuggingFaceTokenizer --tokenizer-model $TOKENIZER", 51200, True),
+    ("--tokenizer-type SentencePieceTokenizer --tokenizer-model /data/spm.model", 51200, True),
+    ("--tokenizer-type GPT2BPETokenizer", 50304, False),
+])
+def test_a_vocabulary_is_the_tokenizers_where_known_and_said_to_be_the_defaults_where_not(flags, vocab, note):
+    model, _, notes = resolve(parse_launch(f"pretrain_gpt.py --num-layers 2 {flags}"), _base(), None)
+    assert model.get("vocab_size", _base().vocab_size) == vocab
+    assert any("using 51,200 from --model gpt3-175b" in n for n in notes) == note
+
+
+def test_a_launch_handed_to_another_script_is_refused_at_the_line_that_hands_it_over():
+    result = run("plan", "--megatron-args", str(DEEPSEEK_SLURM))
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    line = next(n for n, text in enumerate(DEEPSEEK_SLURM.read_text().splitlines(), 1) if text.startswith("srun"))
+    assert f"line {line} " in result.output and "train_deepseekv3.sh" in result.output
+    assert "mkdir" not in result.output
+
+
+def test_a_refusal_names_the_line_that_holds_its_flag(tmp_path):
+    result = run("plan", "--megatron-args", str(DEEPSEEK_TRAIN))
+    lines = DEEPSEEK_TRAIN.read_text().splitlines()
+    mla = next(n for n, text in enumerate(lines, 1) if "--multi-latent-attention" in text)
+    assert result.exit_code == 2 and f"line {mla} of the launch script: --multi-latent-attention" in result.output
+    # a flag given twice: the line of the second, inside an array of one flag a line
+    twice = tmp_path / "twice.sh"
+    twice.write_text("A=(\n  --num-layers 2\n  --hidden-size 64\n)\nB=(\n  --bf16\n  --num-layers 3\n)\n"
+                     "torchrun pretrain_gpt.py ${A[@]} ${B[@]}\n")
+    result = run("plan", "--megatron-args", str(twice))
+    assert result.exit_code == 2 and "line 7 of the launch script: --num-layers 3 conflicts" in result.output
+    # a one-line command needs no line
+    with pytest.raises(ConfigError) as info:
+        parse_launch("pretrain_gpt.py --num-layers 2 --num-layers 3")
+    assert "line" not in str(info.value)
