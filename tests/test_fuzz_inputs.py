@@ -1,6 +1,8 @@
 """Property-based cases (hypothesis) for the input classes an outside fuzz broke: Hugging Face MoE configs
 (absurd layer counts and layer lists included), the search's pinned dimensions and request-wide flags,
-gradient bucket sizes, and sequences shorter than the tensor- or expert-parallel groups.
+gradient bucket sizes, sequences shorter than the tensor- or expert-parallel groups, and launch scripts
+(``--megatron-args``: nesting, variables that grow from themselves, huge words and lines, pipeline layouts
+of absurd repeats, and devices, pipes, binary and oversized files in the script's place).
 
 Every case ends in an answer or a refusal, as tests/test_fuzz.py states them (whose helpers run and check
 each one): exit code 0 with strict JSON whose numbers hold the invariants, or exit code 2 with one sentence;
@@ -39,7 +41,7 @@ from tests.test_fuzz import (
 )
 
 # of SIMULATOR_FUZZ_CASES (400 in `make test`): these cases cost a search or a plan each
-SHARES = {"hf moe": 0.06, "search pins": 0.03, "buckets": 0.03, "tiny sequences": 0.04}
+SHARES = {"hf moe": 0.06, "search pins": 0.03, "buckets": 0.03, "tiny sequences": 0.04, "launch scripts": 0.05}
 
 
 def fuzz(name: str):
@@ -251,3 +253,89 @@ def test_tiny_sequences_with_experts_and_sp_answer_or_refuse(work, seq, tp, ep, 
     plan = doc["plan"]
     if plan["sequence_parallel"]:  # every TP rank holds whole tokens of each sequence
         assert int(seq) // plan["context_parallel_size"] % plan["tensor_parallel_size"] == 0, plan
+
+
+# --- launch scripts -------------------------------------------------------------------------------
+
+LAUNCH_FLAGS = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 128 --bf16 --micro-batch-size 1"
+NESTINGS = [0, 0, 1, 3, limits.MAX_SCRIPT_NESTING, limits.MAX_SCRIPT_NESTING + 1, 330]
+STRAY_CONTROL = ["", "if ! ; then X=1; fi", "if [ 1 = 1 ]; then", "fi", "else", "if [[ -f /x ]]; then Y=2; fi",
+                 "for i in 1 2; do Z=$i; done", "if [ 1 = 1 ]; then A=( --tp 1 ); fi", "case $X in a) ;; esac"]
+LAYOUTS = [None, None, None, "t*2", "Et*2L", "t*99999999999", "(t*0)*99999999999", "(t*2|)*9999999999",
+           "t*" + "9" * 5000]
+SAVE_INTERVALS = [None, None, "10", "10", "0", "-3", "x", str(limits.MAX_SAVE_INTERVAL + 1), "9" * 5000]
+WORD_CHARACTERS = "x$\"'({})=-# \n"
+
+
+@st.composite
+def launch_scripts(draw) -> str:
+    """A script around a small launch, grown by the grammar the reader must bound: ifs and ${A:-...} defaults
+    nested to and past the bound, a variable or array that doubles itself, a word or a line of $A megabytes long,
+    a layout of absurd repeats, a save interval past Megatron's int, and stray control words."""
+    flags = [LAUNCH_FLAGS]
+    layout = draw(st.sampled_from(LAYOUTS))
+    if layout is not None:
+        flags.append(f"--pipeline-model-parallel-layout '{layout}'")
+    interval = draw(st.sampled_from(SAVE_INTERVALS))
+    if interval is not None:
+        flags.append(f"--save-interval {interval}" + draw(st.sampled_from(["", " --async-save", " --save ckpt"])))
+    lines = [draw(st.sampled_from(STRAY_CONTROL)), "A=x", "ARR=( a )"]
+    doubling = draw(st.sampled_from([0, 3, 20, 40]))
+    lines += [draw(st.sampled_from(["A=$A$A", 'ARR+=("${ARR[@]}" "${ARR[@]}")', "A+=$A", 'B="${ARR[*]}$B"']))
+              for _ in range(doubling)]
+    size = draw(st.sampled_from([0, 0, 1000, 100_000, 2_000_000]))
+    if size:
+        unit = draw(st.text(alphabet=WORD_CHARACTERS, min_size=1, max_size=6)) if draw(st.booleans()) else "$A "
+        lines.append("W=" + (unit * (size // len(unit) + 1))[:size] if draw(st.booleans()) else
+                     "torchrun pretrain_gpt.py " + (unit * (size // len(unit) + 1))[:size])
+    depth, kind = draw(st.sampled_from(NESTINGS)), draw(st.sampled_from(["if", "default"]))
+    launch = "torchrun pretrain_gpt.py " + " ".join(flags)
+    if kind == "if":
+        lines += ["if [ 1 = 1 ]; then"] * depth + [launch] + ["fi"] * depth
+    else:
+        lines += ["N=" + "${U:-" * depth + "2" + "}" * depth, launch.replace("--num-layers 2", "--num-layers $N")]
+    return "\n".join(lines) + "\n"
+
+
+def _read_or_refused(args: list[str], stdin: bytes | None = None):
+    """Like ``invoke``, with standard input."""
+    from click.testing import CliRunner
+
+    from simulator.cli import cli
+    from simulator.spec.errors import SimulatorError
+
+    result = CliRunner().invoke(cli, args, input=stdin)
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        f"{args}: {type(result.exception).__name__}: {result.exception}"
+    assert result.exit_code in (0, 2), (args, result.exit_code, result.output[-2000:])
+    if result.exit_code:
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (args, result.stderr[-2000:])
+        assert len(lines[0]) < 1000, lines[0][:200]  # one sentence, not the input echoed back
+    return result
+
+
+@pytest.mark.fuzz
+@fuzz("launch scripts")
+@given(script=launch_scripts(), source=st.sampled_from(["file", "file", "stdin", "device", "fifo", "folder", "large",
+                                                         "binary", "nul"]))
+def test_launch_scripts_are_read_or_refused_in_one_sentence(work, script, source):
+    stdin = None
+    if source == "file":
+        path = work.file(".sh", script)
+    elif source == "stdin":
+        path, stdin = "-", script.encode()
+    elif source in ("device", "fifo", "folder"):
+        path = {"device": str(work.null), "fifo": str(work.fifo), "folder": str(work.root)}[source]
+    elif source == "large":
+        path = work.file(".sh", b"")
+        with open(path, "wb") as f:
+            f.truncate(limits.MAX_INPUT_FILE_BYTES + 1)
+    else:
+        path = work.file(".sh", bytes(range(256)) if source == "binary" else script.encode()[:100] + b"\0")
+    result = _read_or_refused(["plan", "--megatron-args", path, "--json"], stdin)
+    fuzz_tally.count(f"fuzz inputs: launch scripts ({source})", f"exit {result.exit_code}")
+    if result.exit_code == 0:
+        est = strict_json(result.stdout)
+        check_estimate(est, 128, est["plan"]["global_batch_size"], None)
+        check_memory(est["memory"])
