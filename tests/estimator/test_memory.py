@@ -305,7 +305,8 @@ def valid_jobs(draw, recompute=True):
     plan = dict(
         tensor_parallel_size=t, pipeline_parallel_size=p, data_parallel_size=dp, virtual_pipeline_stages=v,
         micro_batch_size=mbs, global_batch_size=mbs * dp * p * k,
-        sequence_parallel=t > 1 and draw(st.booleans()),
+        # a model with experts beside TP must use SP (Megatron's rule); a dense one may
+        sequence_parallel=t > 1 and (m.is_moe or draw(st.booleans())),
         use_distributed_optimizer=draw(st.booleans()),
         use_flash_attention=draw(st.booleans()),
         precision=draw(st.sampled_from(["bf16", "fp16", "fp32"])),
