@@ -16,7 +16,9 @@ ${GPT_MODEL_ARGS[@]} ...``). This reader follows that much of bash:
 Nothing is executed: a command substitution ``$(...)`` and a variable the script never sets stay as written,
 so a modelled flag that depends on one is refused in one sentence naming it. The launch is the last command
 that runs a ``.py`` file (``torchrun ... pretrain_gpt.py``, ``python pretrain_gpt.py``); a text without one
-(a bare list of flags) is read whole.
+(a bare list of flags) is read whole, and one that instead runs another script (a Slurm job whose container
+runs ``train.sh``) names that script and its line. If-blocks and defaults nest at most
+``limits.MAX_SCRIPT_NESTING`` deep; an if without its fi is refused at the line of its if.
 """
 
 from __future__ import annotations
