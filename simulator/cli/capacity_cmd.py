@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 
 import click
 
 from simulator.cli.goodput_options import goodput_options, goodput_settings
 from simulator.cli.options import GLOBAL_BATCH, GPUS, SEQ_LENGTH, TOKENS, BoundedFloat, BoundedInt, OutputFile
+from simulator.cli.progress import terminal_progress
 from simulator.spec.errors import ConfigError
 
 EXAMPLES = """
@@ -260,25 +260,9 @@ def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text
         deadline_days=deadline_days, budget_usd=budget_usd, confidence=confidence, refine=refine,
         every_count=every_count, goodput=goodput_settings(goodput_flags), samples=samples,
         finalists=finalists), "capacity")
-    bar = None
-
-    def progress(done: int, total: int) -> None:
-        nonlocal bar
-        if as_json or not sys.stderr.isatty():
-            return
-        if bar is None:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, desc="capacity", unit="search", leave=False, file=sys.stderr)
-        bar.total = max(total, done)
-        bar.update(done - bar.n)
-
     workers = workers or max(1, min(len(clusters), 2 * (os.cpu_count() or 1)))
-    try:
+    with terminal_progress("capacity", "search", quiet=as_json) as progress:
         result = plan_capacity(req, workers=workers, ray_address=ray_address, progress=progress)
-    finally:
-        if bar is not None:
-            bar.close()
     if csv_path is not None:
         write_output(csv_path, render_csv(result), "CSV table")
     if plot_path is not None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
+
+from simulator.cli.progress import terminal_progress
 
 EXAMPLES = """
 \b
@@ -40,21 +41,8 @@ def sweep_command(spec_path, out, ray_address, workers, as_json):
     from simulator.planner.sweep import load_spec, run_sweep, sweep_figures
 
     spec = load_spec(spec_path)
-    bar = None
-
-    def progress(done: int, total: int) -> None:
-        nonlocal bar
-        if as_json or not sys.stderr.isatty():
-            return
-        if bar is None:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, desc="sweep", unit="point", leave=False, file=sys.stderr)
-        bar.update(done - bar.n)
-
-    rows = run_sweep(spec, out, ray_address=ray_address, workers=workers, progress=progress)
-    if bar is not None:
-        bar.close()
+    with terminal_progress("sweep", "point", quiet=as_json) as progress:
+        rows = run_sweep(spec, out, ray_address=ray_address, workers=workers, progress=progress)
     figures = sweep_figures(rows, out)
     if as_json:
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
