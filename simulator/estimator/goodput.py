@@ -315,6 +315,10 @@ def goodput(job: Job, est: Estimate, settings: GoodputSettings | None = None,
     storage = settings.storage(job.cluster.storage)
     T = est.iteration_time_s
     batch_tokens = job.plan.global_batch_size * job.model.seq_length
+    if est.tokens < batch_tokens:
+        raise ConfigError(f"--tokens {est.tokens:.3g} is fewer than one global batch ({batch_tokens:,} tokens: "
+                          f"{job.plan.global_batch_size} sequences of {job.model.seq_length}); give at least "
+                          f"{batch_tokens:,} tokens")
     # Megatron runs whole iterations: fewer tokens than one global batch still take one
     iterations = max(1.0, est.tokens / batch_tokens)
     cost = checkpoint_cost(job, storage, settings.async_save)
@@ -343,9 +347,6 @@ def goodput(job: Job, est: Estimate, settings: GoodputSettings | None = None,
         async_save=settings.async_save, checkpoint=cost, restart_s=r.restart_s,
         checkpoint_overhead=(r.segment_s(k) - k * T) / (k * T), spare_nodes=settings.spare_nodes,
         split=_split(r, k, expected_s), seed=settings.seed)
-    if est.tokens < batch_tokens:
-        out["note"] = (f"{est.tokens:.3g} tokens are fewer than one global batch's {batch_tokens:,}: the run is "
-                       "taken as one iteration")
     if simulate:
         from simulator.estimator.goodput_sim import simulate_run
 

@@ -98,7 +98,8 @@ def _condition(shell: _Shell, tokens: list[Word | str]) -> bool | None:
         while i < len(tokens) and _plain(tokens[i]) == "!":
             negate, i = not negate, i + 1
         if i == len(tokens):
-            return None  # '!' with nothing to test
+            raise ConfigError("an if of the launch script negates nothing ('if ! ;'): '!' needs a test after it, "
+                              "such as [ -n \"$X\" ]; fix the condition or drop the if")
         opener = _plain(tokens[i])
         closer = {"[": "]", "[[": "]]"}.get(opener or "")
         if closer is None:

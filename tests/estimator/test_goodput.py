@@ -18,6 +18,7 @@ from simulator.estimator.goodput import (
 from simulator.estimator.goodput_sim import simulate_run
 from simulator.estimator.prediction import estimate
 from simulator.spec.catalog import load_model
+from simulator.spec.errors import ConfigError
 from simulator.spec.hardware import load_cluster
 from simulator.spec.plan import Job, ParallelPlan, RecomputePolicy
 
@@ -235,13 +236,11 @@ def test_saves_longer_than_compute_count_in_the_simulated_events():
     assert sim.mean_days == pytest.approx(r.expected_s(10) / 86400, rel=0.02)
 
 
-def test_a_run_shorter_than_one_iteration_is_one_iteration(llama3):
+def test_a_run_shorter_than_one_batch_is_refused(llama3):
     job, est, _ = llama3
     tiny = est.model_copy(update=dict(tokens=1e-12, training_days=1e-12 / est.tokens_per_s / 86400))
-    g = goodput(job, tiny, GoodputSettings(runs=3))
-    assert g.ideal_days == pytest.approx(est.iteration_time_s / 86400)
-    assert g.save_interval == 1 and 0 < g.ettr <= 1 and g.expected_days >= g.ideal_days
-    assert "one iteration" in g.note
+    with pytest.raises(ConfigError, match=r"--tokens 1e-12 is fewer than one global batch"):
+        goodput(job, tiny, GoodputSettings(runs=3))
 
 
 def test_a_run_whose_save_dwarfs_its_compute_is_long_not_endless(llama3):

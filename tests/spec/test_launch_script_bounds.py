@@ -31,8 +31,14 @@ def refused(*args: str, input: bytes | str | None = None) -> str:
 
 # --- conditions and nesting ------------------------------------------------------------------------
 
-def test_a_condition_with_nothing_to_test_skips_its_block():
-    words, notes = launch_words("if ! ; then X=1; fi\nif ! ! ; then Y=1; fi\nif ; then Z=1; fi\n" + FLAGS)
+@pytest.mark.parametrize("text", ["if ! ; then X=1; fi\n", "if ! ! ; then Y=1; fi\n"])
+def test_a_condition_that_negates_nothing_is_refused(text):
+    with pytest.raises(ConfigError, match=r"negates nothing"):
+        launch_words(text + FLAGS)
+
+
+def test_an_empty_condition_skips_its_block():
+    words, notes = launch_words("if ; then Z=1; fi\n" + FLAGS)
     assert words[:2] == ["--num-layers", "2"] and any("if-block" in n for n in notes)
 
 
