@@ -77,27 +77,6 @@ def gpu_counts(text: str | None) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-def _si(x: float | None, digits: int = 3) -> str:
-    if x is None:
-        return "never"
-    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.{digits}g}{suffix}"
-    return f"{x:.{digits}g}"
-
-
-def _figure(f) -> str:
-    return "" if f is None else f"{_si(f.value)} ({_si(f.low)}-{_si(f.high)})"
-
-
-def _d(days: float | None) -> str:
-    return "never" if days is None else f"{days:.1f}" if days >= 10 else f"{days:.3g}"
-
-
-def _days(o) -> str:
-    return "" if o.status != "ok" else " / ".join(_d(d) for d in (o.days_p10, o.days_p50, o.days_p90))
-
-
 CSV_COLUMNS = ("cluster", "gpus", "nodes", "status", "plan_name", "iteration_time_s", "iteration_time_s_low",
                "iteration_time_s_high", "mfu", "ideal_days", "expected_days", "ettr", "save_interval", "days_p10",
                "days_p50", "days_p90", "days", "price_per_gpu_hour_usd", "gpu_hours", "gpu_hours_low",
@@ -123,56 +102,6 @@ def render_csv(result) -> str:
     lines = [",".join(CSV_COLUMNS)]
     lines += [",".join(_csv_cell(r.get(c)) for c in CSV_COLUMNS) for r in csv_rows(result)]
     return "\n".join(lines) + "\n"
-
-
-def _goal_words(result) -> str:
-    c = result.confidence.value
-    if result.deadline_days is not None:
-        return f"the cheapest option that finishes by {result.deadline_days:g} days at {c}"
-    if result.budget_usd is not None:
-        return f"the fastest option that costs at most ${result.budget_usd:,.0f} at {c}"
-    return f"the frontier of days against cost at {c}"
-
-
-def render_text(req, result, economics) -> list[str]:
-    c = result.confidence.value
-    tokens = _si(req.tokens).replace("G", "B")
-    lines = [f"{req.model.name}, {tokens} tokens, global batch {req.global_batch_size:,}: {_goal_words(result)}",
-             f"{result.searches} points searched on {len(req.clusters)} cluster kind"
-             f"{'s' if len(req.clusters) != 1 else ''} in {result.elapsed_s:.1f} s", "",
-             f"{'':2}{'cluster':16s} {'GPUs':>6}  {'plan':36s} {'days P10 / P50 / P90':>22}  {'GPU-hours':>20} "
-             f"{'cost (USD)':>22} {'MWh':>20} {'tCO2e':>20}"]
-    answer = result.answer
-    for o in result.options:
-        mark = ("*" if answer is not None and (o.cluster, o.gpus) == (answer.cluster, answer.gpus) else
-                "+" if o.on_frontier else "")
-        if o.status == "ok":
-            body = (f"{(o.plan_name or '')[:36]:36s} {_days(o):>22}  {_figure(o.gpu_hours):>20} "
-                    f"{_figure(o.cost_usd):>22} {_figure(o.energy_mwh):>20} {_figure(o.tco2e):>20}")
-        else:
-            body = f"{o.status}: {o.message[:150]}"
-        lines.append(f"{mark:2}{o.cluster[:16]:16s} {o.gpus:6,d}  {body}")
-    lines += ["", f"* the answer; + on the frontier (no other option is both faster and cheaper at {c}); figures at "
-              f"{c} (a booking that long), each band from P10 with every price, power, PUE and carbon figure at its "
-              "low end to P90 with each at its high end"]
-    if answer is not None:
-        nodes = f"{answer.nodes:,} node" + ("s" if answer.nodes != 1 else "")
-        lines.append(f"answer: {answer.gpus:,} GPUs ({nodes}) of {answer.cluster}, {answer.plan_name}: "
-                     f"{_d(answer.days)} days at {c} (P10 {_d(answer.days_p10)}, P50 {_d(answer.days_p50)}), "
-                     f"{_si(answer.gpu_hours.value)} GPU-hours, ${_si(answer.cost_usd.value)}, "
-                     f"{_si(answer.energy_mwh.value)} MWh, {_si(answer.tco2e.value)} tCO2e")
-    lines.append(f"binding: {result.binding}: {result.binding_note}")
-    if result.bends:
-        lines.append("where the curves bend:")
-        lines += [f"  {b.cluster} at {b.gpus:,} GPUs, {b.kind}: {b.note}" for b in result.bends]
-    lines.append("days: P10 / P50 / P90 of one joint sample of the failures' timing, the time model's band and the "
-                 f"declared failure, restart and storage ranges ({req.samples:,} draws)")
-    for e in economics:
-        lines.append(f"{e.cluster}: ${e.price_per_gpu_hour_usd.value:g} per GPU-hour "
-                     f"({e.price_per_gpu_hour_usd.low:g}-{e.price_per_gpu_hour_usd.high:g}), "
-                     f"{e.power_w_per_gpu.value:,.0f} W per GPU with its node's share, PUE {e.pue.value:g}, "
-                     f"{e.grid_kg_co2e_per_kwh.value:g} kg CO2e per kWh")
-    return lines
 
 
 def _launch(req, answer):
@@ -284,6 +213,8 @@ def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text
                 doc[key] = str(value)
         click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
         return
+    from simulator.outputs.capacity_text import render_text
+
     for line in render_text(req, result, economics):
         click.echo(line)
     if job is not None:
