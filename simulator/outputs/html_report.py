@@ -132,7 +132,7 @@ def _answer_html(a: dict[str, Any]) -> list[str]:
     return out
 
 
-_STYLE = """
+STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
 h1 { font-size: 1.2em; white-space: pre-line; }
 #selected { font-family: monospace; margin: 0.5em 0; }
@@ -205,26 +205,38 @@ select(D.best);
 """
 
 
-def render_html(data: dict[str, Any]) -> str:
-    """The page as one string (plotly.js inline, the data as JSON): no network, same bytes for the same data."""
+def plotly_js() -> str:
+    """plotly.js, to bundle inline; without plotly (the ``html`` extra), one sentence (``ConfigError``)."""
     try:
         from plotly.offline import get_plotlyjs
     except ImportError:
         raise ConfigError("the HTML page needs plotly; install it with pip install 'megatron-perf-simulator[html]' "
                           "(or pip install plotly)") from None
+    return get_plotlyjs()
+
+
+def html_page(title: str, body: list[str], data: dict[str, Any], script: str, style: str = STYLE) -> str:
+    """A page as one string: ``title`` as its heading (a line break kept), ``body``, ``data`` as JSON in the
+    element ``page-data`` and ``script`` after it, plotly.js inline: no network, same bytes for the same data."""
+    js = plotly_js()
+    one_line = title.replace("\n", ", ")
     payload = json.dumps(data, sort_keys=True, separators=(",", ":")).replace("</", "<\\/")
-    title = data["title"].replace("\n", ", ")
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title>", f"<style>{_STYLE}</style>",
-        f"<script>{get_plotlyjs()}</script>", "</head><body>",
-        f"<h1>{html.escape(data['title'])}</h1>", *(_answer_html(data["answer"]) if "answer" in data else []),
+        f"<title>{html.escape(one_line)}</title>", f"<style>{style}</style>",
+        f"<script>{js}</script>", "</head><body>", f"<h1>{html.escape(title)}</h1>", *body,
+        f'<script type="application/json" id="page-data">{payload}</script>',
+        f"<script>{script}</script>", "</body></html>", ""])
+
+
+def render_html(data: dict[str, Any]) -> str:
+    """The search's page as one string (see ``html_page``)."""
+    return html_page(data["title"], [
+        *(_answer_html(data["answer"]) if "answer" in data else []),
         f'<p class="note">{html.escape(data["summary"])}. Hover a point for '
         "its plan; click a simulated plan for its time breakdown.</p>",
         '<div id="pareto" style="height:600px"></div>', '<div id="selected"></div>',
-        '<div id="breakdown" style="height:260px"></div>',
-        f'<script type="application/json" id="page-data">{payload}</script>',
-        f"<script>{_SCRIPT}</script>", "</body></html>", ""])
+        '<div id="breakdown" style="height:260px"></div>'], data, _SCRIPT)
 
 
 def write_html(data: dict[str, Any], path: Path) -> None:
