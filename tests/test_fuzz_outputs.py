@@ -74,10 +74,11 @@ FLAGS = {
     "sweep --out": (None, "", True),
     "capacity --csv": (CAPACITY + ["--csv"], ".csv", False),
     "capacity --plot": (CAPACITY + ["--plot"], ".png", False),
+    "capacity --html": (CAPACITY + ["--html"], ".html", False),
 }
 KINDS = ("new", "new", "folder", "existing", "symlink", "device", "fifo", "dir", "proc", "long", "notdir", "suffix")
 SUFFIXED = {"search --pareto", "search --csv", "search --html",  # the flags whose suffix says the format
-            "capacity --csv", "capacity --plot"}
+            "capacity --csv", "capacity --plot", "capacity --html"}
 
 
 def expected(flag: str, kind: str, fault: int | None) -> set[int]:
@@ -156,7 +157,7 @@ DRAWN = sorted(FLAGS) if RANDOM else sorted(f for f in FLAGS if not f.endswith("
        fault=st.sampled_from([None, None, None, errno.EROFS, errno.ENOSPC]))
 def test_every_output_flag_writes_or_refuses_every_kind_of_path(work, flag, kind, fault):
     _, suffix, folder = FLAGS[flag]
-    if flag == "search --html":
+    if flag in ("search --html", "capacity --html"):
         pytest.importorskip("plotly")
     if kind == "suffix" and not suffix:
         kind = "new"

@@ -20,6 +20,8 @@ Examples:
       --clusters dgx-a100-80gb,dgx-h100,dgx-h200 --deadline-days 30
   simulator capacity --tokens 300e9 --gbs 1536 --clusters dgx-h100 --budget 2e6 --confidence P50
   simulator capacity --tokens 300e9 --gbs 1536 --clusters dgx-h100,dgx-h200 --gpus 256,512,1024 --csv options.csv
+  simulator capacity --tokens 300e9 --gbs 1536 --clusters dgx-a100-80gb,dgx-h100 --deadline-days 30 \\
+      --html capacity.html
   simulator capacity --tokens 300e9 --gbs 1536 --clusters dgx-h100,dgx-a100-80gb --deadline-days 30 \\
       --price-per-gpu-hour dgx-h100=2.5 --price-per-gpu-hour dgx-a100-80gb=1.4
 """
@@ -162,12 +164,15 @@ def _launch(req, answer):
 @click.option("--plot", "plot_path", type=OutputFile("capacity figure", (".png", ".svg", ".pdf")), default=None,
               help="Draw days against GPUs per cluster kind with the deadline, and cost against days with the "
                    "frontier (PNG, SVG or PDF by the suffix).")
+@click.option("--html", "html_path", type=OutputFile("HTML page", (".html", ".htm")), default=None,
+              help="Write the answer, both charts (interactive) and every option as one offline page (needs the "
+                   "'html' extra, plotly).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print machine-readable JSON.")
 @goodput_options
 def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text, gpus_text, gpus_min, gpus_max,
                      deadline_days, budget_usd, confidence, prices, pue, grid_kg_co2e_per_kwh, economics_path, refine,
                      every_count, samples, finalists, workers, ray_address, csv_path, as_json, plot_path=None,
-                     **goodput_flags):
+                     html_path=None, **goodput_flags):
     """Which cluster, how many GPUs and which plan train the model on the tokens by a deadline (the cheapest) or
     within a budget (the fastest), with GPU-hours, cost, energy and emissions, each with its band; with neither
     goal, the frontier of days against cost."""
@@ -178,6 +183,10 @@ def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text
     from simulator.spec.economics import economics_for, load_economics
     from simulator.spec.hardware import load_cluster
 
+    if html_path is not None:
+        from simulator.outputs.html_report import plotly_js
+
+        plotly_js()  # without plotly, one sentence before minutes of searching, not after
     names = split_list(clusters_text, "--clusters", "dgx-a100-80gb,dgx-h100")
     clusters = [load_cluster(n) for n in names]
     data = load_economics(economics_path or "default")
@@ -198,6 +207,10 @@ def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text
         from simulator.outputs.plots_capacity import capacity_figure
 
         capacity_figure(result, plot_path)
+    if html_path is not None:
+        from simulator.outputs.html_capacity import write_capacity_html
+
+        write_capacity_html(req, result, economics, html_path)
     answer = result.answer
     job = _launch(req, answer) if answer is not None and answer.plan is not None else None
     if as_json:
@@ -208,7 +221,7 @@ def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text
                "samples": req.samples}
         if job is not None:
             doc["launch"] = launch_json(job, answer.save_interval, req.goodput.async_save)
-        for key, value in (("csv", csv_path), ("plot", plot_path)):
+        for key, value in (("csv", csv_path), ("plot", plot_path), ("html", html_path)):
             if value is not None:
                 doc[key] = str(value)
         click.echo(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False))
@@ -226,3 +239,5 @@ def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text
         click.echo(f"every option written to {csv_path}")
     if plot_path is not None:
         click.echo(f"figure written to {plot_path}")
+    if html_path is not None:
+        click.echo(f"interactive page written to {html_path}")

@@ -1,11 +1,13 @@
 """`simulator capacity`: bad input is one sentence and exit code 2 before any search; the answer, the frontier
-and every option's GPU-hours, cost, energy and emissions come out as a table, JSON and CSV."""
+and every option's GPU-hours, cost, energy and emissions come out as a table, JSON, CSV and an HTML page."""
 
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -183,3 +185,26 @@ def test_the_figure_draws_days_against_gpus_with_the_deadline_and_the_frontier(s
     assert "deadline, 30 days" in days["legend"] and any(x.startswith("answer: ") for x in days["legend"])
     assert {"frontier", "answer", "deadline"} <= set(cost["legend"])
     refused(*BASE, *THREE, "--plot", str(tmp_path / "c.txt"), needle="PNG, SVG or PDF")
+
+
+def test_html_writes_the_page_and_json_names_it(searched, tmp_path):
+    pytest.importorskip("plotly")
+    page = tmp_path / "capacity.html"
+    args = [*BASE, *THREE, "--deadline-days", "30", "--workers", "1", "--html", str(page)]
+    doc = json.loads(CliRunner().invoke(cli, [*args, "--json"]).output)
+    assert doc["html"] == str(page)
+    text = page.read_text(encoding="utf-8")
+    a = doc["answer"]
+    assert f"answer: {a['gpus']:,} GPUs" in text and html.escape(doc["binding_note"]) in text
+    assert all(f"<td>{o['cluster']}</td><td>{o['gpus']:,}</td>" in text for o in doc["options"])
+    said = CliRunner().invoke(cli, args)
+    assert said.exit_code == 0 and f"interactive page written to {page}" in said.output
+    refused(*args[:-1], str(tmp_path / "c.txt"), needle="HTML")
+
+
+def test_without_plotly_html_is_one_sentence_before_any_search(searched, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "plotly", None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "plotly.offline", None)
+    page = tmp_path / "capacity.html"
+    refused(*BASE, *THREE, "--deadline-days", "30", "--workers", "1", "--html", str(page), needle="needs plotly")
+    assert searched == [] and not page.exists()
