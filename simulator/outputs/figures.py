@@ -78,6 +78,12 @@ def draw(kind: str, data: dict[str, Any], path: Path) -> dict[str, Any]:
         from simulator.outputs.plots_goodput import goodput_figure
 
         return goodput_figure(data, path)
+    if kind == "capacity":  # the report's capacity question, drawn as `capacity --plot` draws it
+        from simulator.outputs.plots_capacity import capacity_figure
+        from simulator.planner.capacity import CapacityResult
+
+        # the report keeps no elapsed time, and the figure draws none
+        return capacity_figure(CapacityResult.model_validate({**data, "elapsed_s": 0.0}), path)
     from simulator.outputs.plots import draw as draw_figure
 
     return draw_figure(kind, data, path)

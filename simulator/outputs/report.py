@@ -263,7 +263,7 @@ def _claims() -> tuple[list[str], dict]:
 # README_ORDER.
 
 README_ORDER = ("decomposition", "search_figures", "validation", "figure8", "figures_1_7", "parity", "claims", "memory",
-                "timeline", "scaling", "trust", "moe", "goodput", "blackwell")
+                "timeline", "scaling", "trust", "moe", "goodput", "blackwell", "capacity")
 
 
 def _step_decomposition(_: dict) -> dict:
@@ -303,7 +303,7 @@ def _step_validation(deps: dict) -> dict:
 def steps(html: bool = False) -> list[Step]:
     """The report's steps, each after the steps it reads."""
     from simulator.outputs import report_figures as rf
-    from simulator.outputs import report_blackwell, report_goodput, report_moe
+    from simulator.outputs import report_blackwell, report_capacity, report_goodput, report_moe
 
     scenarios = [[s.model, s.gpus, s.global_batch_size, s.standard_pp] for s in SCENARIOS]
     out = [
@@ -323,6 +323,9 @@ def steps(html: bool = False) -> list[Step]:
         Step("blackwell", report_blackwell.step_blackwell,
              params=[[[s.model, s.gpus, s.global_batch_size, s.tokens] for s in report_blackwell.SCENARIOS],
                      list(report_blackwell.CLUSTERS)]),
+        Step("capacity", report_capacity.step_capacity,
+             params=[report_capacity.MODEL, report_capacity.TOKENS, report_capacity.GLOBAL_BATCH_SIZE,
+                     list(report_capacity.CLUSTERS), report_capacity.DEADLINE_DAYS, report_capacity.CONFIDENCE.value]),
     ]
     if html:
         out.append(Step("html", rf.step_html, deps=("decomposition",)))

@@ -23,7 +23,8 @@ from simulator.spec._io import write_output
 
 PACKAGE = Path(__file__).resolve().parent.parent
 REPO = PACKAGE.parent
-DRAWING = ("outputs/plots.py", "outputs/plots_goodput.py")  # keyed with the figures, not with the numbers
+# keyed with the figures, not with the numbers
+DRAWING = ("outputs/plots.py", "outputs/plots_goodput.py", "outputs/plots_capacity.py")
 DATA = ("hardware_specs/**/*.yaml", "calibration/profiles/*.json", "calibration/published/**/*",
         "calibration/reference/*.yaml", "reports/cpu-validation/*.json")
 LIBRARIES = ("numpy", "scipy", "simpy", "networkx", "pydantic")

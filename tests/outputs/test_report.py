@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = ("pareto_gpt3_175b", "time_breakdown_top_plans", "tp_pp_heatmap", "parity", "memory_breakdown",
            "memory_vs_micro_batch", "stage_memory", "pipeline_timeline", "pipeline_timeline_zoom", "days_vs_gpus",
-           "mfu_vs_gpus", "moe_ep", "goodput_vs_gpus")
+           "mfu_vs_gpus", "moe_ep", "goodput_vs_gpus", "capacity_gpt3_175b")
 FIGURES_IN_ORDER = FIGURES  # the order the README shows them
 
 
@@ -56,7 +56,7 @@ def test_every_figure_the_report_shows_is_written(fresh, data):
 
 def test_every_figure_says_what_it_shows(data):
     figures = data["figures"]
-    for name in set(FIGURES) - {"parity", "memory_breakdown", "moe_ep", "goodput_vs_gpus"}:
+    for name in set(FIGURES) - {"parity", "memory_breakdown", "moe_ep", "goodput_vs_gpus", "capacity_gpt3_175b"}:
         title = figures[name]["axes"][0]["title"]
         for needle in ("gpt3-175b", "dgx-a100-80gb", "global batch 1,536", "sequence 2,048", "bf16", "unfused"):
             assert needle in title, (name, needle, title)
@@ -70,6 +70,9 @@ def test_every_figure_says_what_it_shows(data):
     goodput = figures["goodput_vs_gpus"]  # section 9's own job: Llama 3 405B as Meta ran it
     assert "Llama 3 405B" in goodput["title"] and "H100" in goodput["title"]
     assert all(ax["legend"] and ax["xlabel"] == "GPUs" for ax in goodput["axes"])
+    days, cost = figures["capacity_gpt3_175b"]["axes"]  # section 11's question: its deadline and its answer
+    assert "deadline, 30 days" in days["legend"] and any(x.startswith("answer: ") for x in days["legend"])
+    assert {"deadline", "frontier", "answer"} <= set(cost["legend"])
 
 
 def test_the_timeline_shows_the_best_plan_of_the_search(data):
