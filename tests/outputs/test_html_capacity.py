@@ -97,8 +97,10 @@ PROBE = r"""
     const D = JSON.parse(document.getElementById("page-data").textContent);
     const a = D.options.find(o => o.answer);
     const xa = days._fullLayout.xaxis, ya = days._fullLayout.yaxis, box = days.getBoundingClientRect();
+    // on a log axis l2p takes the log of the value
     days.querySelector(".nsewdrag").dispatchEvent(new MouseEvent("mousemove", {bubbles: true,
-      clientX: box.left + xa._offset + xa.l2p(Math.log10(a.gpus)), clientY: box.top + ya._offset + ya.l2p(Math.log10(a.days))}));
+      clientX: box.left + xa._offset + xa.l2p(Math.log10(a.gpus)),
+      clientY: box.top + ya._offset + ya.l2p(Math.log10(a.days))}));
     await sleep(500);
     const traces = gd => gd._fullData.map(tr => ({name: tr.name, points: tr.x.length, fill: tr.fill}));
     out.textContent = JSON.stringify({days: traces(days), cost: traces(cost), xtype: xa.type,
