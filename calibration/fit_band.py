@@ -64,6 +64,22 @@ def _coverage(rows: list[dict], half_width: float) -> float:
     return float(np.mean([abs(r["residual"]) <= half_width for r in rows]))
 
 
+def _outside_shares(rows: list[dict], half_width: float) -> dict[str, float]:
+    """The share of runs measured faster than the band's fast end, and slower than its slow end: a band whose
+    misses all fall on one side is shaped unlike the error."""
+    return {"below_fast_end": float(np.mean([r["residual"] < -half_width for r in rows])),
+            "above_slow_end": float(np.mean([r["residual"] > half_width for r in rows]))}
+
+
+def _sides(rows: list[dict]) -> dict[str, float]:
+    """How far the set's runs reach on each side of the prediction, each side's split-conformal 90% quantile of
+    measured / predicted - 1: faster (``fast_side``, its magnitude) and slower (``slow_side``). Recorded to show
+    where the error lies; the band's half-width stays the quantile of |measured / predicted - 1|, because the
+    sets disagree on the side (a band built per side fails the single-node set when it is left out)."""
+    return {"fast_side": max(0.0, conformal_quantile([-r["residual"] for r in rows])),
+            "slow_side": max(0.0, conformal_quantile([r["residual"] for r in rows]))}
+
+
 def fit(scores: dict[str, dict]) -> dict:
     by_gpu: dict[str, list[str]] = {}
     for key, s in scores.items():
@@ -75,7 +91,7 @@ def fit(scores: dict[str, dict]) -> dict:
         gpus[gpu] = {
             "half_width": _half_width(scores, keys),
             "sets": {k: {"runs": len(scores[k]["rows"]),
-                         "abs_residual_q90": _half_width(scores, [k]),
+                         "abs_residual_q90": _half_width(scores, [k]), **_sides(scores[k]["rows"]),
                          "bias": float(np.mean([r["residual"] for r in scores[k]["rows"]]))} for k in sorted(keys)},
             "covered": covered,
             "max_measured_mfu": max(r["measured_mfu"] for r in rows),
@@ -90,10 +106,12 @@ def fit(scores: dict[str, dict]) -> dict:
         else:
             rest = [k for k in scores if k != key]
             hw, how = _half_width(scores, rest) * OUTSIDE_WIDENING, "outside every regime: the widest other set, widened"
+        hw_in = gpus[s["gpu"]]["half_width"]
         loso.append({"set": key, "gpu": s["gpu"], "half_width_left_out": hw, "from": how,
                      "coverage_left_out": _coverage(s["rows"], hw),
-                     "half_width_in": gpus[s["gpu"]]["half_width"],
-                     "coverage_in": _coverage(s["rows"], gpus[s["gpu"]]["half_width"])})
+                     **{f"{k}_left_out": v for k, v in _outside_shares(s["rows"], hw).items()},
+                     "half_width_in": hw_in, "coverage_in": _coverage(s["rows"], hw_in),
+                     **{f"{k}_in": v for k, v in _outside_shares(s["rows"], hw_in).items()}})
     return {"command": "python -m calibration.fit_band", "quantile": QUANTILE, "target_coverage": 0.8,
             "widest_half_width": widest, "gpus": gpus, "leave_one_set_out": loso}
 
@@ -105,8 +123,10 @@ def main(argv: list[str] | None = None) -> None:
     result = fit(_scores())
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     for row in result["leave_one_set_out"]:
-        print(f"{row['set']}: coverage {row['coverage_in']:.0%} (half-width {row['half_width_in']:.1%}), "
-              f"left out {row['coverage_left_out']:.0%} (half-width {row['half_width_left_out']:.1%})")
+        print(f"{row['set']}: coverage {row['coverage_in']:.0%} (half-width {row['half_width_in']:.1%}; faster than "
+              f"the fast end {row['below_fast_end_in']:.0%}, slower than the slow end {row['above_slow_end_in']:.0%}), "
+              f"left out {row['coverage_left_out']:.0%} (half-width {row['half_width_left_out']:.1%}; "
+              f"{row['below_fast_end_left_out']:.0%}, {row['above_slow_end_left_out']:.0%})")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ unpinned constants move the prediction; the wider of the two on each side.
 
 The model's own error comes first: ``simulator.estimator.regime`` gives the half-width that held the
 measured time of 90% of the runs of every measured set on the plan's GPU (and widens it, naming why,
-for a plan outside what those runs covered, or above the best MFU they reached).
+for a plan outside what those runs covered: the slow end the further, the further outside the plan lies,
+and in proportion to an MFU above the best those runs reached).
 
 Every number no measurement pins is declared in its profile block with a plausible (low, high)
 range (``HardwareProfile.unpinned``). Each one is moved to either end of its range and the
@@ -136,14 +137,15 @@ def widened(job: Job, iteration_time_s: float, mfu: float, low: float, high: flo
             calibrated: tuple[float, float] | None = None) -> tuple[float, float, Regime]:
     """``low`` and ``high`` widened, where the model's measured error in the plan's regime reaches further (or,
     for a profile fitted to runs like the plan, that fit's own leave-one-run-out errors: ``calibrated``), and
-    the slow end held no faster than the best measured MFU on the plan's GPU; with the regime."""
+    the slow end scaled by the plan's MFU over the best measured on its GPU where it is above it; with the
+    regime."""
     t = iteration_time_s
     regime = regime_of(job, mfu)
-    below, above = calibrated if calibrated is not None else (regime.half_width, regime.half_width)
+    below, above = calibrated if calibrated is not None else (regime.half_width, regime.slow)
+    # an MFU past the best measured on this GPU pays in proportion, on top of the regime's own error
+    excess = mfu / regime.mfu_ceiling if regime.mfu_ceiling is not None and mfu > regime.mfu_ceiling else 1.0
     low = min(low, t * (1 - below), t)
-    high = max(high, t * (1 + above), t)
-    if regime.mfu_ceiling is not None and mfu > regime.mfu_ceiling:
-        high = max(high, t * mfu / regime.mfu_ceiling)  # no faster than the best measured run on this GPU
+    high = max(high, t * (1 + above) * excess, t)
     return low, high, regime
 
 

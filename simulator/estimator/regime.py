@@ -10,14 +10,22 @@ them reached, and the band's half-width: the largest, over the measured sets, of
 split, so that one large set cannot hide another's error). ``calibration/published/model_error_band.json`` holds the
 result, with the coverage of every set when it is left out of the fit.
 
-A plan with a feature no measured run on its GPU had, or a GPU no measured run used, is outside every
-regime: its half-width is the widest measured one times ``OUTSIDE_WIDENING``, and each reason is named.
-A plan whose MFU is above the best measured on its GPU gets a slow end no faster than that MFU.
+A plan with a feature no measured run on its GPU had, a GPU no measured run used, or more GPUs than the largest
+measured run on its GPU is outside every regime, and each reason is named. Its fast end is the widest measured
+half-width times ``OUTSIDE_WIDENING``; its slow end grows with how far outside it lies (``outside_steps``): each
+feature no measured run had is one step, and so is each doubling of the GPUs past the largest measured run, and
+every step adds ``OUTSIDE_WIDENING - 1`` widest half-widths. The model's misses outside the measured regimes have
+been one-sided (measured slower than predicted: hidden collectives, stragglers, kernels that reach less than
+the GEMM ceiling), which is why only the slow end keeps growing. A plan whose MFU is above the best measured on
+its GPU pays in proportion: its slow end is scaled by its MFU over that best, so that a search ranking by the
+slow end stops preferring a plan for an MFU no measured run reached (with nothing else outside, the band is
+the regime's own, so that the slow end moves continuously across that MFU).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 from importlib import resources
 
@@ -41,9 +49,20 @@ class Regime(BaseModel):
 
     name: str | None = Field(description="The measured regime the plan lies in, e.g. 'A100-SXM4-80GB: "
                                          "vtrain-single-node, vtrain-multi-node-dev, korthikanti2022'; None outside.")
-    half_width: float = Field(description="Relative half-width of the model-error band for this plan.")
+    half_width: float = Field(description="Relative half-width of the model-error band on the fast side (and, in a "
+                                           "measured regime, on both sides).")
+    slow_half_width: float | None = Field(None, description="Relative half-width on the slow side, before any MFU "
+                                                            "above the best measured scales it (None: half_width).")
     outside: tuple[str, ...] = Field(description="Why the plan lies outside every measured regime (empty inside).")
+    outside_steps: float = Field(0.0, ge=0, description="How far outside every measured regime the plan lies: one "
+                                                        "per feature no measured run had, one per doubling of the "
+                                                        "GPUs past the largest measured run (0 inside).")
     mfu_ceiling: float | None = Field(description="The best MFU a measured run on this GPU reached (None: none measured).")
+
+    @property
+    def slow(self) -> float:
+        """The slow side's half-width (the fast side's where none is set)."""
+        return self.half_width if self.slow_half_width is None else self.slow_half_width
 
 
 def plan_features(job: Job) -> dict[str, str]:
@@ -65,27 +84,44 @@ def band_table() -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def outside_slow_half_width(widest: float, steps: float) -> float:
+    """The slow side's half-width ``steps`` outside the measured regimes (at least one step's): each step adds
+    ``OUTSIDE_WIDENING - 1`` times the widest measured half-width to it."""
+    return widest * (1 + (OUTSIDE_WIDENING - 1) * max(steps, 1.0))
+
+
+def _outside(widest: float, reasons: list[str], steps: float, ceiling: float | None) -> Regime:
+    return Regime(name=None, half_width=widest * OUTSIDE_WIDENING, outside=tuple(reasons), outside_steps=steps,
+                  slow_half_width=outside_slow_half_width(widest, steps), mfu_ceiling=ceiling)
+
+
 def regime_of(job: Job, mfu: float | None = None) -> Regime:
-    """The regime of ``job`` (whose predicted MFU is ``mfu``) and its band half-width."""
+    """The regime of ``job`` (whose predicted MFU is ``mfu``) and its band's half-widths."""
     table = band_table()
     widest = max(g["half_width"] for g in table["gpus"].values())
-    gpu = table["gpus"].get(job.cluster.gpu.name)
+    features = plan_features(job)
+    name = job.cluster.gpu.name
+    gpu = table["gpus"].get(name)
     if gpu is None:
-        return Regime(name=None, half_width=widest * OUTSIDE_WIDENING, mfu_ceiling=None,
-                      outside=(f"no measured run on {job.cluster.gpu.name}",))
-    reasons = [f"{feature} {value}: no measured run on {job.cluster.gpu.name} had it"
-               for feature, value in plan_features(job).items() if value not in gpu["covered"][feature]]
+        # no run on this GPU: a feature no run on any GPU had lies a step further out
+        unmeasured = [f"{feature} {value}: no measured run on any GPU had it" for feature, value in features.items()
+                      if all(value not in g["covered"][feature] for g in table["gpus"].values())]
+        return _outside(widest, [f"no measured run on {name}", *unmeasured], 1.0 + len(unmeasured), None)
+    reasons = [f"{feature} {value}: no measured run on {name} had it"
+               for feature, value in features.items() if value not in gpu["covered"][feature]]
+    steps = float(len(reasons))
+    gpus = job.plan.num_gpus
+    if gpus > gpu["max_gpus"]:
+        reasons.append(f"{gpus:,} GPUs, more than the largest measured run on {name} ({gpu['max_gpus']:,})")
+        steps += math.log2(gpus / gpu["max_gpus"])
+    if steps and mfu is not None and mfu > gpu["max_measured_mfu"]:
+        reasons.append(f"MFU {mfu:.1%} above the best measured on {name} ({gpu['max_measured_mfu']:.1%})")
+    if steps:
+        return _outside(widest, reasons, steps, gpu["max_measured_mfu"])
     if mfu is not None and mfu > gpu["max_measured_mfu"]:
-        reasons.append(f"MFU {mfu:.1%} above the best measured on {job.cluster.gpu.name} ({gpu['max_measured_mfu']:.1%})")
-    if reasons:
-        return Regime(name=None, half_width=widest * OUTSIDE_WIDENING, outside=tuple(reasons),
-                      mfu_ceiling=gpu["max_measured_mfu"])
-    return Regime(name=f"{job.cluster.gpu.name}: {', '.join(sorted(gpu['sets']))}", half_width=gpu["half_width"],
+        # only the MFU is past what was measured: the regime's own error, and the excess paid in proportion
+        # (``band.widened``), so that the slow end moves continuously across the best measured MFU
+        return Regime(name=None, half_width=gpu["half_width"], mfu_ceiling=gpu["max_measured_mfu"],
+                      outside=(f"MFU {mfu:.1%} above the best measured on {name} ({gpu['max_measured_mfu']:.1%})",))
+    return Regime(name=f"{name}: {', '.join(sorted(gpu['sets']))}", half_width=gpu["half_width"],
                   outside=(), mfu_ceiling=gpu["max_measured_mfu"])
-
-
-def narrowest_half_width(gpu_name: str) -> float:
-    """The smallest half-width any plan on ``gpu_name`` can get (the search's bound on a plan not yet played)."""
-    table = band_table()
-    gpu = table["gpus"].get(gpu_name)
-    return gpu["half_width"] if gpu is not None else max(g["half_width"] for g in table["gpus"].values()) * OUTSIDE_WIDENING

@@ -64,15 +64,28 @@ def registry_section(headline_job=None, headline_days: float | None = None) -> t
               "(`simulator/estimator/band.py`). The first is fitted by `" + table["command"] + "`: per GPU kind, the "
               "largest over its measured sets of each set's split-conformal 90% quantile of |measured / predicted - 1| "
               "(the ceil((n + 1) 0.9)-th smallest of its n runs), each set a calibration split of its own. A plan outside what the measured runs covered (a sharding, schedule, "
-              f"precision, context or expert parallelism none of them had, another GPU, an MFU above the best "
-              f"measured) gets the widest half-width times {OUTSIDE_WIDENING:g}, and the reasons are printed with "
-              "it. Each set's coverage of the model-error part alone, fitted with and without the set "
+              "precision, context or expert parallelism none of them had, another GPU, more GPUs than the largest "
+              f"measured run) gets the widest half-width times {OUTSIDE_WIDENING:g} on its fast side, and on its slow "
+              f"side {OUTSIDE_WIDENING - 1:g} widest half-width(s) more for every step further out (each "
+              "feature no run had is a step, and so is each doubling of the GPUs past the largest run); a plan whose "
+              "MFU is above the best measured has its slow end scaled by its MFU over that best. The reasons are "
+              "printed with it. Each set's coverage of the model-error part alone, fitted with and without the "
+              "set, and the share of its runs measured faster than the fast end and slower than the slow end "
               "(the full band, with the constants' spread, is at least as wide):", "",
-              "| data set | GPU | half-width, all sets | coverage | half-width, set left out | coverage left out |",
+              "| data set | GPU | half-width, all sets | coverage (faster / slower than the band) | "
+              "half-width, set left out | coverage left out (faster / slower) |",
               "|---|---|---|---|---|---|"]
     for row in table["leave_one_set_out"]:
-        lines.append(f"| {row['set']} | {row['gpu']} | {row['half_width_in']:.1%} | {row['coverage_in']:.0%} | "
-                     f"{row['half_width_left_out']:.1%} ({row['from']}) | {row['coverage_left_out']:.0%} |")
+        lines.append(f"| {row['set']} | {row['gpu']} | {row['half_width_in']:.1%} | {row['coverage_in']:.0%} "
+                     f"({row['below_fast_end_in']:.0%} / {row['above_slow_end_in']:.0%}) | "
+                     f"{row['half_width_left_out']:.1%} ({row['from']}) | {row['coverage_left_out']:.0%} "
+                     f"({row['below_fast_end_left_out']:.0%} / {row['above_slow_end_left_out']:.0%}) |")
+    sides = [f"{key} {s['fast_side']:.1%} faster / {s['slow_side']:.1%} slower"
+             for g in table["gpus"].values() for key, s in sorted(g["sets"].items())]
+    lines += ["", "Where each set's errors lie (each side's split-conformal 90% quantile of measured / predicted - 1): "
+              + "; ".join(sides) + ". The sets disagree on the side (the single-node set errs both ways, the "
+              "multi-node set mostly slow), so a band built per side from them would fail the single-node set "
+              "when it is left out; the half-width stays the quantile of both sides together."]
     data["band_coverage"] = table["leave_one_set_out"]
     lines += ["", "On Table 5's rows and the headline:", "",
               "| configuration | published (s) | predicted (s) | band (s) | inside |", "|---|---|---|---|---|"]

@@ -98,7 +98,7 @@ def _row(s: BlackwellScenario, cluster: ClusterSpec, pins: SearchPins, node_gpus
             "peak_gib": gib(e.memory.peak_bytes), "capacity_gib": gib(cluster.gpu.memory_bytes), "fits": e.memory.fits,
             "capacity_gib_low": cluster.gpu.ranges.get("hbm_capacity_gib", (cluster.gpu.hbm_capacity_gib,))[0],
             "regime": regime.name, "outside_regime_reasons": list(regime.outside), "half_width": regime.half_width,
-            "groups": groups, "largest_group": _largest(groups),
+            "slow_half_width": regime.slow, "outside_steps": regime.outside_steps, "groups": groups, "largest_group": _largest(groups),
             "screen_s_within_node": within, "screen_s_beyond_node": beyond}
 
 
@@ -170,7 +170,7 @@ def blackwell_lines(data: dict[str, Any]) -> list[str]:
               f"{r['peak_gib']:.1f} / {r['capacity_gib']:.1f}", _group_text(r["largest_group"], r["cluster"]),
               "; ".join(r["outside_regime_reasons"]) or r["regime"]] for r in rows]
     outside = [r for r in rows if r["outside_regime_reasons"]]
-    half_widths = sorted({f"{r['half_width'] * 100:.0f}%" for r in outside})
+    sides = sorted({f"-{r['half_width'] * 100:.0f}% / +{r['slow_half_width'] * 100:.0f}%" for r in outside})
     reasons = sorted({reason for r in outside for reason in r["outside_regime_reasons"]})
     lines = ["## 10. Blackwell: HGX B200 and GB200 NVL72", "",
              f"The best plan of `simulator search` (its defaults: {_defaults(rows[0])}) for each model on `{HGX}` "
@@ -191,8 +191,10 @@ def blackwell_lines(data: dict[str, Any]) -> list[str]:
     if outside:
         lines.append(f"{'Every plan' if len(outside) == len(rows) else f'{len(outside)} of the {len(rows)} plans'} "
                      f"here lies outside every measured regime ({'; '.join(reasons)}). By the declared rule such a "
-                     f"band is the widest half-width measured on any GPU ({widest * 100:.1f}%) times {widening:g} "
-                     f"(±{', '.join(half_widths)}), or wider where the profile's unpinned constants reach further; "
+                     f"band is the widest half-width measured on any GPU ({widest * 100:.1f}%) times {widening:g} on "
+                     f"the fast side, and on the slow side {widening - 1:g} more for each step further out (a feature "
+                     f"no measured run on any GPU had is a step) ({', '.join(sides)}), or wider where the profile's "
+                     "unpinned constants reach further; "
                      "`simulator calibrate --from-runs` on the user's own runs (or `simulator calibrate --device cuda` "
                      "on the GPU) gives a profile that narrows it.")
         lines.append("")

@@ -43,10 +43,41 @@ def test_a_feature_no_measured_run_had_widens_the_band_and_says_why(plan, reason
     assert r.half_width == pytest.approx(band_table()["widest_half_width"] * OUTSIDE_WIDENING)
 
 
-def test_fp8_and_an_unmeasured_gpu_are_outside():
+def test_fp8_and_an_unmeasured_gpu_are_outside_two_steps_out():
     job = _job(cluster="dgx-h100", fp8_format=Fp8Format.hybrid)
     r = regime_of(job, 0.3)
-    assert r.name is None and r.outside == ("no measured run on H100-SXM5-80GB",)
+    assert r.name is None and r.outside == ("no measured run on H100-SXM5-80GB",
+                                            "precision fp8: no measured run on any GPU had it")
+    assert r.outside_steps == 2
+    bf16 = regime_of(_job(cluster="dgx-h100"), 0.3)
+    assert bf16.outside == ("no measured run on H100-SXM5-80GB",) and bf16.outside_steps == 1
+    assert r.half_width == bf16.half_width and r.slow > bf16.slow
+
+
+def test_the_slow_end_grows_with_each_step_outside_and_the_fast_end_does_not():
+    """The declared rule: one feature no run had is one step, two are two; every step adds OUTSIDE_WIDENING - 1
+    widest half-widths to the slow side, none to the fast side."""
+    widest = band_table()["widest_half_width"]
+    one = regime_of(_job(use_distributed_optimizer=True), 0.3)
+    two = regime_of(_job(use_distributed_optimizer=True, context_parallel_size=2, data_parallel_size=2), 0.3)
+    assert (one.outside_steps, two.outside_steps) == (1, 2)
+    assert one.slow == pytest.approx(widest * OUTSIDE_WIDENING)
+    assert two.slow - one.slow == pytest.approx(widest * (OUTSIDE_WIDENING - 1))
+    assert one.half_width == two.half_width == pytest.approx(widest * OUTSIDE_WIDENING)
+
+
+@given(st.sampled_from([1, 2, 4, 8]))
+def test_more_gpus_than_any_measured_run_is_outside_and_further_the_more(doubling):
+    """Past the largest measured run the plan is a step further out per doubling; at it, it is inside."""
+    top = band_table()["gpus"][A100]["max_gpus"]
+    assert top % 8 == 0
+    at = regime_of(_job(tensor_parallel_size=8, pipeline_parallel_size=1, data_parallel_size=top // 8,
+                        global_batch_size=top // 8), 0.3)
+    assert at.name is not None
+    past = regime_of(_job(tensor_parallel_size=8, pipeline_parallel_size=1, data_parallel_size=top * doubling // 4,
+                          global_batch_size=top * doubling // 4), 0.3)
+    assert past.name is None and any("more than the largest measured run" in why for why in past.outside)
+    assert past.outside_steps == pytest.approx(math.log2(2 * doubling))
 
 
 def test_an_mfu_above_every_measured_run_sets_the_slow_end():
@@ -56,7 +87,18 @@ def test_an_mfu_above_every_measured_run_sets_the_slow_end():
     above = min(0.99, ceiling * 1.6)
     b = band(job, None, est.iteration_time_s, above)
     assert b.regime.name is None and any("MFU" in why for why in b.regime.outside)
-    assert b.iteration_time_s_high >= est.iteration_time_s * above / ceiling * (1 - 1e-12)
+    # pays in proportion, on top of the widened slow side: the slow end is no faster than that MFU would give
+    expected = est.iteration_time_s * (1 + b.regime.slow) * above / ceiling
+    assert b.iteration_time_s_high >= expected * (1 - 1e-12)
+
+
+@given(st.floats(0.05, 0.99))
+def test_the_slow_end_never_falls_as_the_mfu_rises(mfu):
+    """Two answers with the same time, one at a higher MFU: the higher one's slow end is never the faster."""
+    job = _job()
+    t = estimate(job).iteration_time_s
+    lower, higher = band(job, None, t, mfu), band(job, None, t, min(0.995, mfu * 1.2))
+    assert higher.iteration_time_s_high >= lower.iteration_time_s_high
 
 
 def test_the_band_holds_the_answer_and_names_its_regime_in_the_estimate():

@@ -97,7 +97,11 @@ def test_the_table_and_the_notes_state_the_datas_numbers(data):
     widest = max(g["half_width"] for g in band_table()["gpus"].values())
     assert all(r["outside_regime_reasons"] and r["half_width"] == pytest.approx(widest * OUTSIDE_WIDENING)
                for r in data["rows"])
-    assert f"({widest * 100:.1f}%) times {OUTSIDE_WIDENING:g} (±{widest * OUTSIDE_WIDENING * 100:.0f}%)" in text
+    assert f"({widest * 100:.1f}%) times {OUTSIDE_WIDENING:g} on the fast side" in text
+    for r in data["rows"]:  # the slow side by the declared rule, a step further for each feature no run had
+        assert r["slow_half_width"] == pytest.approx(widest * (1 + (OUTSIDE_WIDENING - 1) * r["outside_steps"]))
+        assert r["outside_steps"] == len(r["outside_regime_reasons"])
+        assert f"-{r['half_width'] * 100:.0f}% / +{r['slow_half_width'] * 100:.0f}%" in text
     for row in data["rows"]:
         if row["cluster"] == NVL72:
             verdict, = [x for x in lines if x.startswith(f"- {row['model']} on {row['gpus']:,} GB200")]
