@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from simulator.cost.profile import HardwareProfile
 from simulator.estimator.band import Band, banded, corners_by, run_band, unread_constants, widened
 from simulator.estimator.goodput import effective_iteration_time_s
-from simulator.estimator.prediction import Estimate, simulate_job
+from simulator.estimator.prediction import Estimate, model_flops_per_sequence, simulate_job
 from simulator.planner.memo import SearchMemo, peak_bytes
 from simulator.planner.space import (
     CP_MIN_TOKENS_PER_RANK,
@@ -179,7 +179,7 @@ def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: lis
         low, high, regime = widened(job, t, est.mfu, min(t, fast, slow), max(t, fast, slow), calibrated)
         b = Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=own.drivers, regime=regime)
         rows.append((_rank_key(req, job, t, high), banded(est, b), cand, layout, own))
-    rows.sort(key=lambda r: (r[0], r[1].iteration_time_s))  # stable: ties keep the engine's order
+    rows.sort(key=lambda r: _rank_order(r[0], r[1].iteration_time_s))  # stable: ties keep the engine's order
     best = rows[0][4]
 
     def at_best(row) -> tuple[float, float]:
@@ -208,6 +208,40 @@ def _rank_key(req: SearchRequest, job: Job, iteration_time_s: float, high: float
     if req.rank_by is RankBy.expected_days:
         return effective_iteration_time_s(job, iteration_time_s, req.goodput)
     return iteration_time_s
+
+
+def _rank_order(key_s: float, iteration_time_s: float) -> tuple[float, float]:
+    """Sort by the rank key, then by the point. Keys equal to 12 digits are a tie: every plan above the best
+    measured MFU has the same slow end (the time at that MFU, widened), up to the rounding of the product."""
+    return float(f"{key_s:.12g}"), iteration_time_s
+
+
+def _finalists(req: SearchRequest, profile, memo: SearchMemo, screened: list[ScreenedPlan], n: int) -> list[int]:
+    """Which ``n`` of the screened plans (in screen order) the engine plays: the fastest by the screen; ranking
+    by the slow end, the screen's ``n // 4`` fastest and the rest those whose slow end comes first at their
+    screen time. The screen's fastest are often all outside every measured regime (or above the best measured
+    MFU), and ranking only them by their slow ends would reorder them among themselves while a plan the runs
+    vouch for waits behind; the fastest few are played too, so that `search` can say which plan
+    ``--rank-by point`` would pick."""
+    n = min(n, len(screened))
+    if req.rank_by is not RankBy.upper:
+        return list(range(n))
+    slow = _screen_slow_ends(req, profile, memo, screened)
+    by_slow_end = sorted(range(len(screened)), key=lambda i: _rank_order(slow[i], screened[i].screen_time_s))
+    return list(dict.fromkeys(list(range(max(1, n // 4))) + by_slow_end))[:n]
+
+
+def _screen_slow_ends(req: SearchRequest, profile, memo: SearchMemo, screened: list[ScreenedPlan]) -> list[float]:
+    """Each screened plan's slow end from the model's error in its regime alone, at its screen time."""
+    model_flops = model_flops_per_sequence(Job.model_construct(model=req.model)) * req.global_batch_size
+    peak = req.num_gpus * memo.cost.peak_flops
+    fitted = profile if isinstance(profile, HardwareProfile) else None
+    out = []
+    for cand in screened:
+        t = cand.screen_time_s
+        job = Job.model_construct(model=req.model, cluster=req.cluster, plan=cand.plan)
+        out.append(widened(job, t, model_flops / (t * peak), t, t, run_band(job, fitted))[1])
+    return out
 
 
 def search(req: SearchRequest, profile=None, tokens: float | None = None, top: int = 10,
@@ -281,8 +315,9 @@ def _search(req: SearchRequest, profile, tokens: float | None, top: int,
     # stopping once ``top`` plans were ahead let ``top`` change which plan comes first (GPT-3 175B on 512 A100s:
     # top 1 gave a plan 9% slower than top 5), and the sweep (top 1) and `search` (top 5) disagreed.
     n = max(req.finalists, top)
+    finalists = _finalists(req, profile, memo, screened, n)
     ranked = []  # (rank key, estimate, screened plan, layout), best first
-    for simulated, (cand, layout) in enumerate(zip(screened[:n], layouts[:n]), 1):
+    for simulated, (cand, layout) in enumerate(((screened[i], layouts[i]) for i in finalists), 1):
         job = Job(model=req.model, cluster=req.cluster, plan=cand.plan)
         est = simulate_job(job, profile, tokens).estimate
         key = _rank_key(req, job, est.iteration_time_s,
@@ -291,8 +326,8 @@ def _search(req: SearchRequest, profile, tokens: float | None, top: int,
                         if req.rank_by is RankBy.upper else None)
         ranked.append((key, est, cand, layout))
         if progress is not None:
-            progress("simulating", simulated, min(n, len(screened)))
-    ranked.sort(key=lambda r: (r[0], r[1].iteration_time_s))  # stable: ties keep the screen's order
+            progress("simulating", simulated, len(finalists))
+    ranked.sort(key=lambda r: _rank_order(r[0], r[1].iteration_time_s))  # stable: ties keep the screen's order
     plans = _with_bands(req, profile, template, [(est, cand, layout) for _, est, cand, layout in ranked])[:top]
     return SearchResult(plans=plans, screened=screened, enumerated=enumerated,
                         pruned_memory=enumerated - len(screened), simulated=len(ranked),
