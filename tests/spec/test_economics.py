@@ -12,6 +12,9 @@ from simulator.spec.errors import ConfigError
 from simulator.spec.hardware import cluster_names, load_cluster, load_gpu
 
 H100_TO_H200 = 5.408 / 4.916  # EC2 Capacity Block rates per accelerator-hour, as the data's derivation quotes
+B200_TO_GB200 = (42.00 / 4) / (68.80 / 8)  # CoreWeave on-demand per GPU-hour: a GB200 NVL72 tray over an HGX B200 node
+DERIVED = {"H200-SXM-141GB": ("H100-SXM5-80GB", H100_TO_H200),  # kind: (the kind it scales, by how much)
+           "GB200-186GB": ("B200-SXM-180GB", B200_TO_GB200)}
 
 
 def _instance_price(source: str) -> float:
@@ -25,13 +28,15 @@ def test_each_high_price_is_its_instance_list_price_over_its_gpus():
     data = load_economics()
     for name, gpu in data.gpus.items():
         p = gpu.price_per_gpu_hour_usd
-        if name.startswith("H200"):  # the H100's prices scaled by the Capacity Block ratio
-            h100 = data.gpus["H100-SXM5-80GB"].price_per_gpu_hour_usd
+        if name in DERIVED:  # another kind's prices scaled by the ratio the source names
+            base_name, ratio = DERIVED[name]
+            base = data.gpus[base_name].price_per_gpu_hour_usd
             for end in ("low", "value", "high"):
-                assert p.at(end) == pytest.approx(h100.at(end) * H100_TO_H200, abs=0.005), end
-            assert _instance_price(p.source) * H100_TO_H200 == pytest.approx(p.high, abs=0.005)
+                assert p.at(end) == pytest.approx(base.at(end) * ratio, abs=0.005), (name, end)
+            assert _instance_price(p.source) * ratio == pytest.approx(p.high, abs=0.005), name
             continue
         assert _instance_price(p.source) == pytest.approx(p.high, abs=0.005), name
+    assert _instance_price(data.gpus["B200-SXM-180GB"].price_per_gpu_hour_usd.source) == pytest.approx(113.9328 / 8)
 
 
 def test_a_gpu_draws_at_most_its_datasheet_tdp_and_a_node_at_most_its_maximum():
@@ -44,7 +49,8 @@ def test_a_gpu_draws_at_most_its_datasheet_tdp_and_a_node_at_most_its_maximum():
 
 def test_every_cluster_preset_is_priced_or_refused_naming_the_fix():
     data = load_economics()
-    for name in ("dgx-a100-40gb", "dgx-a100-80gb", "a100-80gb-4x-hdr", "dgx-h100", "dgx-h200"):
+    for name in ("dgx-a100-40gb", "dgx-a100-80gb", "a100-80gb-4x-hdr", "dgx-h100", "dgx-h200", "dgx-b200",
+                 "gb200-nvl72"):
         assert economics_for(load_cluster(name), data).price_per_gpu_hour_usd.value > 0, name
     for name in cluster_names():
         cluster = load_cluster(name)
@@ -69,6 +75,28 @@ def test_the_derived_figures_recompute_from_the_data():
     # the ends of the ranges bound the value
     assert e.cost_usd(gpu_hours, "low") < e.cost_usd(gpu_hours) < e.cost_usd(gpu_hours, "high")
     assert e.tco2e(gpu_hours, "low") < e.tco2e(gpu_hours) < e.tco2e(gpu_hours, "high")
+
+
+def test_a_node_is_the_gpus_whose_power_it_shares():
+    """A node's draw is shared by the GPUs of the system the datasheet is for: a DGX's 8, a GB200 NVL72 rack's 72 (its
+    power shelves feed the trays and the NVLink switch trays together), not the preset's 4-GPU tray."""
+    data = load_economics()
+    for name in ("dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"):
+        cluster = load_cluster(name)
+        assert data.gpus[cluster.gpu.name].node_gpus == (cluster.nvlink_domain_gpus or cluster.gpus_per_node), name
+    rack = data.gpus["GB200-186GB"]
+    assert rack.node_gpus == 72 and rack.node_power_w.high == 132_000
+    nvl72 = load_cluster("gb200-nvl72")
+    e = economics_for(nvl72, data)
+    for end in ("low", "value", "high"):  # each GPU carries 1/72 of its rack, 1.3-1.8 kW
+        assert e.power_w_per_gpu.at(end) == pytest.approx(rack.node_power_w.at(end) / 72)
+        assert 1_300 < e.power_w_per_gpu.at(end) < 1_850
+    # a job of the preset takes 64 GPUs (16 trays) of each rack: for one hour of one rack it carries 64/72 of the draw
+    used = nvl72.ranks_per_nvlink_domain
+    assert used == 64
+    assert e.energy_mwh(used, "high") == pytest.approx(132 / 1000 * 64 / 72 * e.pue.high)
+    # a DGX B200's GPU carries an eighth of 14.3 kW
+    assert economics_for(load_cluster("dgx-b200"), data).power_w_per_gpu.high == pytest.approx(14_300 / 8)
 
 
 def test_a_flag_pins_its_figure():
