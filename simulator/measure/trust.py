@@ -66,7 +66,7 @@ def registry_section(headline_job=None, headline_days: float | None = None) -> t
               "(the ceil((n + 1) 0.9)-th smallest of its n runs), each set a calibration split of its own. A plan outside what the measured runs covered (a sharding, schedule, "
               "precision, context or expert parallelism none of them had, another GPU, more GPUs than the largest "
               f"measured run) gets the widest half-width times {OUTSIDE_WIDENING:g} on its fast side, and on its slow "
-              f"side {OUTSIDE_WIDENING - 1:g} widest half-width(s) more for every step further out (each "
+              f"side plus {OUTSIDE_WIDENING - 1:g}x the widest half-width for every step further out (each "
               "feature no run had is a step, and so is each doubling of the GPUs past the largest run); a plan whose "
               "MFU is above the best measured has its slow end scaled by its MFU over that best. The reasons are "
               "printed with it. Each set's coverage of the model-error part alone, fitted with and without the "

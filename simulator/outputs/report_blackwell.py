@@ -98,7 +98,8 @@ def _row(s: BlackwellScenario, cluster: ClusterSpec, pins: SearchPins, node_gpus
             "peak_gib": gib(e.memory.peak_bytes), "capacity_gib": gib(cluster.gpu.memory_bytes), "fits": e.memory.fits,
             "capacity_gib_low": cluster.gpu.ranges.get("hbm_capacity_gib", (cluster.gpu.hbm_capacity_gib,))[0],
             "regime": regime.name, "outside_regime_reasons": list(regime.outside), "half_width": regime.half_width,
-            "slow_half_width": regime.slow, "outside_steps": regime.outside_steps, "groups": groups, "largest_group": _largest(groups),
+            "slow_half_width": regime.slow, "outside_steps": regime.outside_steps,
+            "groups": groups, "largest_group": _largest(groups),
             "screen_s_within_node": within, "screen_s_beyond_node": beyond}
 
 
@@ -192,9 +193,9 @@ def blackwell_lines(data: dict[str, Any]) -> list[str]:
         lines.append(f"{'Every plan' if len(outside) == len(rows) else f'{len(outside)} of the {len(rows)} plans'} "
                      f"here lies outside every measured regime ({'; '.join(reasons)}). By the declared rule such a "
                      f"band is the widest half-width measured on any GPU ({widest * 100:.1f}%) times {widening:g} on "
-                     f"the fast side, and on the slow side {widening - 1:g} more for each step further out (a feature "
-                     f"no measured run on any GPU had is a step) ({', '.join(sides)}), or wider where the profile's "
-                     "unpinned constants reach further; "
+                     f"the fast side, and on the slow side plus {widening - 1:g}x that half-width for each step "
+                     f"further out (a feature no measured run on any GPU had is a step) ({', '.join(sides)}), or "
+                     "wider where the profile's unpinned constants reach further; "
                      "`simulator calibrate --from-runs` on the user's own runs (or `simulator calibrate --device cuda` "
                      "on the GPU) gives a profile that narrows it.")
         lines.append("")
