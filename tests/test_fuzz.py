@@ -67,8 +67,10 @@ def strict_json(text: str):
 def check_ranked(doc: dict) -> None:
     """A search's plans come in the order of their rank key, which is what ``rank_by`` says: the band's slow
     end by default (so the point times need not be in order), or the point time."""
+    from simulator.planner.plan_search import rank_order
+
     plans = doc["plans"]
-    keys = [p["rank_key_s"] for p in plans]
+    keys = [rank_order(p["rank_key_s"], p["iteration_time_s"]) for p in plans]  # keys equal to 12 digits tie
     assert plans and keys == sorted(keys), keys
     field = {"upper": "iteration_time_s_high", "point": "iteration_time_s"}.get(doc["rank_by"])
     if field is not None:

@@ -179,7 +179,7 @@ def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: lis
         low, high, regime = widened(job, t, est.mfu, min(t, fast, slow), max(t, fast, slow), calibrated)
         b = Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=own.drivers, regime=regime)
         rows.append((_rank_key(req, job, t, high), banded(est, b), cand, layout, own))
-    rows.sort(key=lambda r: _rank_order(r[0], r[1].iteration_time_s))  # stable: ties keep the engine's order
+    rows.sort(key=lambda r: rank_order(r[0], r[1].iteration_time_s))  # stable: ties keep the engine's order
     best = rows[0][4]
 
     def at_best(row) -> tuple[float, float]:
@@ -210,7 +210,7 @@ def _rank_key(req: SearchRequest, job: Job, iteration_time_s: float, high: float
     return iteration_time_s
 
 
-def _rank_order(key_s: float, iteration_time_s: float) -> tuple[float, float]:
+def rank_order(key_s: float, iteration_time_s: float) -> tuple[float, float]:
     """Sort by the rank key, then by the point. Keys equal to 12 digits are a tie: every plan above the best
     measured MFU has the same slow end (the time at that MFU, widened), up to the rounding of the product."""
     return float(f"{key_s:.12g}"), iteration_time_s
@@ -227,7 +227,7 @@ def _finalists(req: SearchRequest, profile, memo: SearchMemo, screened: list[Scr
     if req.rank_by is not RankBy.upper:
         return list(range(n))
     slow = _screen_slow_ends(req, profile, memo, screened)
-    by_slow_end = sorted(range(len(screened)), key=lambda i: _rank_order(slow[i], screened[i].screen_time_s))
+    by_slow_end = sorted(range(len(screened)), key=lambda i: rank_order(slow[i], screened[i].screen_time_s))
     return list(dict.fromkeys(list(range(max(1, n // 4))) + by_slow_end))[:n]
 
 
@@ -327,7 +327,7 @@ def _search(req: SearchRequest, profile, tokens: float | None, top: int,
         ranked.append((key, est, cand, layout))
         if progress is not None:
             progress("simulating", simulated, len(finalists))
-    ranked.sort(key=lambda r: _rank_order(r[0], r[1].iteration_time_s))  # stable: ties keep the screen's order
+    ranked.sort(key=lambda r: rank_order(r[0], r[1].iteration_time_s))  # stable: ties keep the screen's order
     plans = _with_bands(req, profile, template, [(est, cand, layout) for _, est, cand, layout in ranked])[:top]
     return SearchResult(plans=plans, screened=screened, enumerated=enumerated,
                         pruned_memory=enumerated - len(screened), simulated=len(ranked),
