@@ -87,13 +87,15 @@ CSV_COLUMNS = ("cluster", "gpus", "nodes", "status", "plan_name", "iteration_tim
 
 
 def csv_rows(result) -> list[dict]:
+    from simulator.outputs.capacity_text import is_answer
+
     rows = []
     for o in result.options:
         row = o.model_dump(mode="json", exclude={"plan", "gpu_hours", "cost_usd", "energy_mwh", "tco2e"})
         for name in ("gpu_hours", "cost_usd", "energy_mwh", "tco2e"):
             f = getattr(o, name)
             row.update({name: f and f.value, f"{name}_low": f and f.low, f"{name}_high": f and f.high})
-        row["answer"] = result.answer is not None and (o.cluster, o.gpus) == (result.answer.cluster, result.answer.gpus)
+        row["answer"] = is_answer(result, o)
         rows.append(row)
     return rows
 
@@ -104,13 +106,6 @@ def render_csv(result) -> str:
     lines = [",".join(CSV_COLUMNS)]
     lines += [",".join(_csv_cell(r.get(c)) for c in CSV_COLUMNS) for r in csv_rows(result)]
     return "\n".join(lines) + "\n"
-
-
-def _launch(req, answer):
-    from simulator.spec.plan import Job
-
-    cluster = next(c for c in req.clusters if c.name == answer.cluster)
-    return Job(model=req.model, cluster=cluster, plan=answer.plan)
 
 
 @click.command("capacity", epilog=EXAMPLES)
@@ -177,7 +172,7 @@ def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text
     within a budget (the fastest), with GPU-hours, cost, energy and emissions, each with its band; with neither
     goal, the frontier of days against cost."""
     from simulator.planner import plan_search  # noqa: F401 - imported once here, shared by every worker forked
-    from simulator.planner.capacity import CapacityRequest, plan_capacity
+    from simulator.planner.capacity import CapacityRequest, answer_job, plan_capacity
     from simulator.spec._io import build, write_output
     from simulator.spec.catalog import load_model
     from simulator.spec.economics import economics_for, load_economics
@@ -212,7 +207,7 @@ def capacity_command(model, seq_length, tokens, global_batch_size, clusters_text
 
         write_capacity_html(req, result, economics, html_path)
     answer = result.answer
-    job = _launch(req, answer) if answer is not None and answer.plan is not None else None
+    job = answer_job(req, result)
     if as_json:
         from simulator.cli.plan_cmd import launch_json
 

@@ -114,14 +114,14 @@ def regime_of(job: Job, mfu: float | None = None) -> Regime:
     if gpus > gpu["max_gpus"]:
         reasons.append(f"{gpus:,} GPUs, more than the largest measured run on {name} ({gpu['max_gpus']:,})")
         steps += math.log2(gpus / gpu["max_gpus"])
-    if steps and mfu is not None and mfu > gpu["max_measured_mfu"]:
+    if mfu is not None and mfu > gpu["max_measured_mfu"]:
         reasons.append(f"MFU {mfu:.1%} above the best measured on {name} ({gpu['max_measured_mfu']:.1%})")
     if steps:
         return _outside(widest, reasons, steps, gpu["max_measured_mfu"])
-    if mfu is not None and mfu > gpu["max_measured_mfu"]:
+    if reasons:
         # only the MFU is past what was measured: the regime's own error, and the excess paid in proportion
         # (``band.widened``), so that the slow end moves continuously across the best measured MFU
         return Regime(name=None, half_width=gpu["half_width"], mfu_ceiling=gpu["max_measured_mfu"],
-                      outside=(f"MFU {mfu:.1%} above the best measured on {name} ({gpu['max_measured_mfu']:.1%})",))
+                      outside=tuple(reasons))
     return Regime(name=f"{name}: {', '.join(sorted(gpu['sets']))}", half_width=gpu["half_width"],
                   outside=(), mfu_ceiling=gpu["max_measured_mfu"])

@@ -16,10 +16,9 @@ from typing import Any, Iterable
 
 from simulator.outputs import capacity_text as t
 from simulator.outputs.html_report import STYLE, html_page
-from simulator.planner.capacity import CapacityOption, CapacityRequest, CapacityResult
+from simulator.planner.capacity import CapacityOption, CapacityRequest, CapacityResult, answer_job
 from simulator.spec._io import write_output
 from simulator.spec.economics import ClusterEconomics
-from simulator.spec.plan import Job
 
 TABLE_COLUMNS = ("", "cluster", "GPUs", "nodes", "plan", "days P10 / P50 / P90", "GPU-hours", "cost (USD)", "MWh",
                  "tCO2e", "status")
@@ -36,12 +35,10 @@ def _launch(req: CapacityRequest, result: CapacityResult) -> str | None:
     """The answer's Megatron-LM launch, saving at the interval its days assume (None without an answer)."""
     from simulator.outputs.export import render_launch
 
-    a = result.answer
-    if a is None or a.plan is None:
+    job = answer_job(req, result)
+    if job is None:
         return None
-    cluster = next(c for c in req.clusters if c.name == a.cluster)
-    return render_launch(Job(model=req.model, cluster=cluster, plan=a.plan), save_interval=a.save_interval,
-                         async_save=req.goodput.async_save)
+    return render_launch(job, save_interval=result.answer.save_interval, async_save=req.goodput.async_save)
 
 
 def page_data(req: CapacityRequest, result: CapacityResult, economics: Iterable[ClusterEconomics]) -> dict[str, Any]:

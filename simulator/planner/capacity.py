@@ -280,6 +280,17 @@ class CapacityResult(BaseModel):
     elapsed_s: float
 
 
+def answer_job(req: CapacityRequest, result: CapacityResult):
+    """The job of the answer (the request's model on the answer's cluster, with its plan); None without one."""
+    from simulator.spec.plan import Job
+
+    a = result.answer
+    if a is None or a.plan is None:
+        return None
+    cluster = next(c for c in req.clusters if c.name == a.cluster)
+    return Job(model=req.model, cluster=cluster, plan=a.plan)
+
+
 def plan_capacity(req: CapacityRequest, evaluate: Callable[[CapacityPoint], PointResult] | None = None,
                   workers: int = 1, ray_address: str | None = None,
                   progress: Callable[[int, int], None] | None = None) -> CapacityResult:
