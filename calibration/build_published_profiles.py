@@ -421,19 +421,64 @@ def _elementwise(gpu: GpuSpec, rows: dict) -> ElementwiseParams:
                              ranges={"launch_overhead_s": LAUNCH_RANGE})
 
 
-def _attention(gpu: GpuSpec) -> AttentionParams:
+def _fa2_a100_fit():
     # FA2's benchmark: 16k tokens per batch, hidden 2048, head dim 128 (16 heads), non-causal.
-    def point(seq: int, backward: bool, eff: float, peak: float) -> tuple:
+    def point(seq: int, backward: bool, eff: float) -> tuple:
         bh = (16384 // seq) * 16
         fwd = 4.0 * bh * seq * seq * 128
-        return (bh, seq, 128, False, backward, (2.5 if backward else 1.0) * fwd / (eff * peak))
+        return (bh, seq, 128, False, backward, (2.5 if backward else 1.0) * fwd / (eff * A100_PEAK))
 
-    peak = gpu.peak_tflops.bf16 * 1e12
-    a100 = 312e12
-    a100_points = [point(16384, False, 0.73, a100), point(16384, True, 0.63, a100), point(512, True, 0.50, a100)]
-    a100_fit = fit_attention(a100_points, a100, fixed={"launch_overhead_s": LAUNCH_OVERHEAD_S},
-                             note="FA2 on A100: 73% forward and 63% backward at long sequences; the 50% low end of "
-                                  "its 50-73% range taken at the shortest sequence (512), backward")
+    points = [point(16384, False, 0.73), point(16384, True, 0.63), point(512, True, 0.50)]
+    return fit_attention(points, A100_PEAK, fixed={"launch_overhead_s": LAUNCH_OVERHEAD_S},
+                         note="FA2 on A100: 73% forward and 63% backward at long sequences; the 50% low end of "
+                              "its 50-73% range taken at the shortest sequence (512), backward")
+
+
+A100_PEAK = 312e12
+H100_PEAK = 989.4e12
+FA3_CURVES = "fa3_paper_h100_hdim128_curves"
+HOPPER_KERNELS = {"fa2": "FlashAttention-2", "cudnn": "cuDNN's fused attention", "fa3": "FlashAttention-3"}
+
+
+@functools.lru_cache(maxsize=None)
+def hopper_attention_fit(kernel: str):
+    """One kernel of the FA3 paper's H100 curves (head dim 128, 16k tokens a batch): the causal forward and the
+    backward (only timed without the mask), each at its measured TFLOPs/s, fitted as fractions of H100's peak."""
+    row = _measured()[FA3_CURVES]["values"]
+    points = []
+    for curve, causal, backward in (("forward_causal", True, False), ("backward_noncausal", False, True)):
+        for seq, tflops in zip(row["seqlen"], row[curve][kernel]):
+            bh = (16384 // seq) * 16
+            fwd = 4.0 * bh * seq * seq * 128 / (2 if causal else 1)
+            points.append((bh, seq, 128, causal, backward, (2.5 if backward else 1.0) * fwd / (tflops * 1e12)))
+    return fit_attention(points, H100_PEAK, fixed={"launch_overhead_s": LAUNCH_OVERHEAD_S},
+                         note=f"{HOPPER_KERNELS[kernel]} on H100 SXM5, head dim 128: the causal forward and the "
+                              "non-causal backward at 512-16k tokens (FA3 paper, Figs. 5-6)")
+
+
+def _hopper_kernel(kernel: str, faster: str, why_faster: str) -> AttentionParams:
+    """A Hopper kernel at its fitted fractions of peak (the same on H200: its tensor peak is H100's), with each
+    efficiency's range up to ``faster``'s, the kernel the same backend runs where ``why_faster`` holds."""
+    fit, fast = hopper_attention_fit(kernel), hopper_attention_fit(faster)
+    name, fast_name = HOPPER_KERNELS[kernel], HOPPER_KERNELS[faster]
+    p = fit.params
+    ranges = {"launch_overhead_s": LAUNCH_RANGE, "seq_half": (0.0, 2 * p["seq_half"])}
+    sources = {"launch_overhead_s": LAUNCH_SOURCE,
+               "seq_half": (f"fitted with the efficiencies to {name}'s curve from 512 to 16k tokens; range: no "
+                            "size effect up to twice it")}
+    for phase, curve in (("forward", "the causal forward"), ("backward", "the backward (timed without the "
+                                                                          "causal mask: no causal figure)")):
+        key = f"{phase}_efficiency"
+        ranges[key] = (p[key], max(p[key], fast.params[key]))
+        sources[key] = (f"fitted to {name} on H100 SXM5, {curve}, head dim 128, 512-16k tokens ({MD} section 3e, "
+                        f"FA3 paper Figs. 5-6); range up to {fast_name}'s {fast.params[key]:.3f}, {why_faster}")
+    return AttentionParams(**p, ranges=ranges, sources=sources, fits=(fit.record,))
+
+
+def _attention(gpu: GpuSpec) -> AttentionParams:
+    """The kernel Megatron's --attention-backend auto runs: FA2 on Ampere; on Hopper, Transformer Engine gives
+    cuDNN's fused attention preference over FlashAttention (its get_attention_backend, sm90 and later)."""
+    a100_fit = _fa2_a100_fit()
     if gpu.architecture == "ampere":
         return AttentionParams(
             **a100_fit.params,
@@ -447,25 +492,16 @@ def _attention(gpu: GpuSpec) -> AttentionParams:
                 "launch_overhead_s": LAUNCH_SOURCE,
             },
             fits=(a100_fit.record,))
-    fa3_fwd = 740 / 989.4
-    fa2_h100 = 335 / 989.4  # forward+backward
-    points = [point(16384, False, fa3_fwd, peak), point(16384, True, min(1.5 * fa2_h100, 1.0), peak)]
-    fit = fit_attention(points, peak, fixed={"launch_overhead_s": LAUNCH_OVERHEAD_S, "seq_half": a100_fit.params["seq_half"]},
-                        note="FA3 forward 740 TFLOPs/s; backward = FA2's 335 TFLOPs/s fwd+bwd x FA3's lower 1.5x speedup")
-    backward = fit.params["backward_efficiency"]
-    return AttentionParams(
-        **fit.params,
-        ranges={"launch_overhead_s": LAUNCH_RANGE, "seq_half": (0.0, 2 * a100_fit.params["seq_half"]),
-                "backward_efficiency": (backward, min(backward * 2.0 / 1.5, 1.0))},
-        sources={
-            "forward_efficiency": f"fitted to FA3 on H100: up to 740 TFLOPs/s forward, 75% ({MD} section 3e)",
-            "backward_efficiency": ("FA2 reaches 335 TFLOPs/s forward+backward on H100 and FA3 is 1.5-2.0x faster; "
-                                    "the lower 1.5x is applied to the backward (no FA3 backward figure was "
-                                    "extracted); range up to the 2.0x"),
-            "seq_half": "not pinned on Hopper: the A100 FA2 value",
-            "launch_overhead_s": LAUNCH_SOURCE,
-        },
-        fits=(fit.record,))
+    return _hopper_kernel("cudnn", "fa3", "which newer cuDNN releases approach")
+
+
+def _attention_kernels(gpu: GpuSpec) -> dict[str, AttentionParams]:
+    """Backends that run another kernel than auto's: on Hopper, --attention-backend flash runs the flash-attn
+    package, FlashAttention-2 unless FlashAttention-3's is installed beside it."""
+    if gpu.architecture != "hopper":
+        return {}
+    return {"flash": _hopper_kernel("fa2", "fa3", "which Transformer Engine runs instead where flash_attn_3 is "
+                                                  "installed")}
 
 
 # nccl-tests#119: all_reduce_perf -b 8 -e 128M -g 1 on 24 ranks (3 nodes x 8 A100, 4 HDR NICs each), whose
@@ -733,6 +769,7 @@ def build_profile(gpu_name: str, host: bool = True) -> HardwareProfile:
     profile = HardwareProfile(
         schema_version=SCHEMA_VERSION, name=f"{gpu.name.lower()}-published", source="published", gpu=gpu.name,
         gemm=gemm, gemm_fp8=_gemm_fp8(gpu, rows, gemm), elementwise=_elementwise(gpu, rows), attention=_attention(gpu),
+        attention_kernels=_attention_kernels(gpu),
         collectives=_links(gpu, rows, nic_gbps), host=_host() if host else None,
         overlap_compute_slowdown=OVERLAP_SLOWDOWN, overlap_source=OVERLAP_SOURCE,
         sustained_clock_fraction=sustained, sustained_clock_source=sustained_source,

@@ -93,32 +93,36 @@ def adapt(profile: HardwareProfile, gpu: GpuSpec, measured: dict) -> HardwarePro
 
 
 def _attention(gpu: GpuSpec) -> AttentionParams:
-    """H200's FA3 efficiencies, times FA4's speedup on B200 at the B200's peak: the same fraction of peak on GB200."""
+    """FA3's efficiencies on Hopper (H200's tensor peak is H100's), times FA4's speedup on B200 at the B200's
+    peak: the same fraction of peak on GB200. Every backend runs it: no other kernel was measured on Blackwell."""
     h200 = load_gpu(H200)
-    hopper = bp._attention(h200)
+    fa3 = bp.hopper_attention_fit("fa3")
+    f3 = fa3.params
     b200_peak = load_gpu(B200).peak_tflops.bf16
     low, high = (s * h200.peak_tflops.bf16 / b200_peak for s in FA4_SPEEDUP)
     slow = 1 / _peak_ratio(gpu)
-    fwd, bwd = hopper.forward_efficiency * low, hopper.backward_efficiency * low
+    fwd, bwd = f3["forward_efficiency"] * low, f3["backward_efficiency"] * low
     measured = (f"FA4 on B200 runs forward+backward {FA4_SPEEDUP[0]}x (8K tokens) to {FA4_SPEEDUP[1]}x (32K) as fast "
                 f"as FA3 on H200 on an 8B causal shape ({MD} section 3e, [stas-perf])")
     where = "" if slow == 1 else "; the B200's fraction of peak, not measured on GB200 (range down to its throughput)"
     return AttentionParams(
-        forward_efficiency=fwd, backward_efficiency=bwd, seq_half=hopper.seq_half,
-        launch_overhead_s=hopper.launch_overhead_s,
-        ranges={**hopper.ranges,
-                "forward_efficiency": (fwd * slow, hopper.forward_efficiency * high),
-                "backward_efficiency": (bwd * slow, hopper.backward_efficiency * high)},
+        forward_efficiency=fwd, backward_efficiency=bwd, seq_half=f3["seq_half"],
+        launch_overhead_s=f3["launch_overhead_s"],
+        ranges={"launch_overhead_s": bp.LAUNCH_RANGE, "seq_half": (0.0, 2 * f3["seq_half"]),
+                "forward_efficiency": (fwd * slow, f3["forward_efficiency"] * high),
+                "backward_efficiency": (bwd * slow, f3["backward_efficiency"] * high)},
         sources={
-            "forward_efficiency": (f"the H200 model's FA3 forward efficiency ({hopper.forward_efficiency:.3f} of "
-                                   f"{h200.peak_tflops.bf16:g} TFLOPS) x {FA4_SPEEDUP[0]} x {h200.peak_tflops.bf16:g} "
-                                   f"/ {b200_peak:g}: {measured}; range up to the {FA4_SPEEDUP[1]}x{where}"),
-            "backward_efficiency": (f"the H200 model's backward efficiency ({hopper.backward_efficiency:.3f}) scaled "
-                                    f"as the forward: {measured}; range up to the {FA4_SPEEDUP[1]}x{where}"),
-            "seq_half": "not pinned on Blackwell: the A100 FA2 value, as on Hopper",
+            "forward_efficiency": (f"FA3's causal forward efficiency on Hopper ({f3['forward_efficiency']:.3f} of "
+                                   f"{h200.peak_tflops.bf16:g} TFLOPS, FA3 paper Fig. 5, head dim 128) x "
+                                   f"{FA4_SPEEDUP[0]} x {h200.peak_tflops.bf16:g} / {b200_peak:g}: {measured}; range "
+                                   f"up to the {FA4_SPEEDUP[1]}x{where}"),
+            "backward_efficiency": (f"FA3's backward efficiency on Hopper ({f3['backward_efficiency']:.3f}, FA3 paper "
+                                    f"Fig. 6) scaled as the forward: {measured}; range up to the "
+                                    f"{FA4_SPEEDUP[1]}x{where}"),
+            "seq_half": "not pinned on Blackwell: FA3's on Hopper",
             "launch_overhead_s": bp.LAUNCH_SOURCE,
         },
-        fits=hopper.fits)
+        fits=(fa3.record,))
 
 
 def _nvlink(gpu: GpuSpec, measured: dict) -> LinkParams:

@@ -466,7 +466,11 @@ class HardwareProfile(BaseModel):
         None, description="FP8 GEMMs (Hopper and later), against the fp8 dense peak; None where none is known."
     )
     elementwise: ElementwiseParams
-    attention: AttentionParams
+    attention: AttentionParams = Field(description="The fused attention kernel Megatron's --attention-backend auto "
+                                                    "runs on this GPU, and any backend attention_kernels leaves out.")
+    attention_kernels: dict[Literal["flash", "fused"], AttentionParams] = Field(
+        default_factory=dict, description="The kernel a backend runs where it is not attention's: on Hopper, auto "
+                                          "and fused run cuDNN's fused attention and flash runs FlashAttention-2.")
     collectives: CollectiveParams
     host: HostParams | None = Field(
         None, description="Host-side (CPU) cost of issuing work; None = the device never waits for the host.")
@@ -530,7 +534,9 @@ class HardwareProfile(BaseModel):
         """(path, the model holding the number, its name, low, high) of every number a range is declared for."""
         out = [(name, self, name, low, high) for name, (low, high) in sorted(self.ranges.items())]
         blocks = [("gemm", self.gemm), ("gemm_fp8", self.gemm_fp8), ("elementwise", self.elementwise),
-                  ("attention", self.attention), ("collectives.nvlink", self.collectives.nvlink),
+                  ("attention", self.attention),
+                  *((f"attention_kernels.{name}", block) for name, block in sorted(self.attention_kernels.items())),
+                  ("collectives.nvlink", self.collectives.nvlink),
                   ("collectives.network", self.collectives.network), ("host", self.host)]
         for path, block in blocks:
             if block is not None:
@@ -544,14 +550,30 @@ class HardwareProfile(BaseModel):
     def with_value(self, path: str, value: float) -> "HardwareProfile":
         """This profile with the number at ``path`` (as ``unpinned`` names it) set to ``value``."""
         *parents, name = path.split(".")
-        chain = [self]
+        return self.with_update(".".join(parents), {name: value})
+
+    def with_update(self, block: str, update: dict[str, Any]) -> "HardwareProfile":
+        """This profile with the fields of the block at ``block`` (``""``: the profile's own) updated."""
+        parents = block.split(".") if block else []
+        chain: list[Any] = [self]
         for part in parents:
-            chain.append(getattr(chain[-1], part))
-        new: BaseModel = chain[-1].model_copy(update={name: value})
+            chain.append(_child(chain[-1], part))
+        new: Any = chain[-1].model_copy(update=update)
         for parent, part in zip(reversed(chain[:-1]), reversed(parents)):
-            new = parent.model_copy(update={part: new})
+            new = {**parent, part: new} if isinstance(parent, dict) else parent.model_copy(update={part: new})
         assert isinstance(new, HardwareProfile)
         return new
+
+    def at(self, path: str) -> Any:
+        """What ``path`` names (``gemm.k_half``, ``attention_kernels.flash``): a number, a block or None."""
+        obj: Any = self
+        for part in path.split("."):
+            obj = _child(obj, part)
+        return obj
+
+    def attention_for(self, backend: str) -> AttentionParams:
+        """The fused attention kernel Megatron's ``--attention-backend`` ``backend`` runs on this GPU."""
+        return self.attention_kernels.get(backend, self.attention)  # type: ignore[call-overload]
 
     def model_copy(self, *, update=None, deep: bool = False) -> "HardwareProfile":
         new = super().model_copy(update=update, deep=deep)
@@ -574,6 +596,10 @@ class HardwareProfile(BaseModel):
     def __eq__(self, other: object) -> bool:
         # the cached hash is bookkeeping, not part of the value
         return isinstance(other, HardwareProfile) and self.__dict__ == other.__dict__
+
+
+def _child(obj: Any, part: str) -> Any:
+    return obj[part] if isinstance(obj, dict) else getattr(obj, part)
 
 
 def profile_names() -> list[str]:

@@ -71,30 +71,33 @@ def corners(job: Job, profile=None, top: int = 5) -> Corners:
     base_profile = _profile(job, profile)
     base = screen(job, base_profile)
     return corners_by(base_profile, lambda path, end: screen(job, base_profile.with_value(path, end)) / base - 1, top,
-                      unread_constants(job))
+                      unread_constants(job, base_profile))
 
 
-def unread_constants(job: Job) -> tuple[str, ...]:
-    """The profile's constants (a path, or a block's prefix) that costing ``job`` never reads, so that moving
-    them cannot move its answer: the FP8 GEMM block without an FP8 GEMM in its layers, the fused-attention
-    block without a fused attention kernel, the pipeline exchange's host time with a single stage."""
+def unread_constants(job: Job, profile: HardwareProfile) -> tuple[str, ...]:
+    """The constants of ``profile`` (a path, or a block's prefix) that costing ``job`` never reads, so that
+    moving them cannot move its answer: the FP8 GEMM block without an FP8 GEMM in its layers, a fused-attention
+    block whose kernel no attention op runs, the pipeline exchange's host time with a single stage."""
     plan = job.plan
     keys = (LayerKey.of(plan), LayerKey.of(plan, moe=True)) if job.model.is_moe else (LayerKey.of(plan),)
-    return _unread(job.model, keys, plan.pipeline_parallel_size > 1)
+    unread, backends = _unread(job.model, keys, plan.pipeline_parallel_size > 1)
+    own = set(profile.attention_kernels)
+    if not backends - own:  # every attention op runs a kernel of its own block, none the default
+        unread += ("attention.",)
+    return unread + tuple(f"attention_kernels.{name}." for name in sorted(own - backends))
 
 
 @lru_cache(maxsize=1024)
-def _unread(model, keys: tuple[LayerKey, ...], pipelined: bool) -> tuple[str, ...]:
+def _unread(model, keys: tuple[LayerKey, ...], pipelined: bool) -> tuple[tuple[str, ...], frozenset[str]]:
+    """What a layer's ops leave unread whatever the profile, and the attention backends its ops run."""
     ops = [op for key in keys for g in (layer_graph(model, key).forward, layer_graph(model, key).backward)
            for op in ordered_ops(g)]
     unread = []
     if not any(op.gemm is not None and op.gemm.fp8 for op in ops):
         unread.append("gemm_fp8.")
-    if not any(op.kind is OpKind.flash_attention for op in ops):
-        unread.append("attention.")
     if not pipelined:
         unread.append("host.pipeline_exchange_s")
-    return tuple(unread)
+    return tuple(unread), frozenset(op.kernel for op in ops if op.kind is OpKind.flash_attention)
 
 
 def corners_by(base_profile: HardwareProfile, change: Callable[[str, float], float], top: int = 5,

@@ -29,9 +29,12 @@ from simulator.graph.ops import (
 @dataclass(frozen=True)
 class FlashAttention(Module):
     """A fused causal attention kernel that never materialises the s x s scores; it keeps q, k, v and
-    the per-row log-sum-exp. Its backward recomputes the scores: 2.5x the forward's FLOPs (FA2)."""
+    the per-row log-sum-exp. Its backward recomputes the scores: 2.5x the forward's FLOPs (FA2).
+    ``backend`` is Megatron's --attention-backend (auto, flash, fused): which kernel runs is the GPU's
+    answer to it, so the op carries it as its kernel for the cost model to look up."""
 
     dm: Dims
+    backend: str = "auto"
 
     def forward(self, g: GraphBuilder) -> None:
         dm = self.dm
@@ -40,7 +43,7 @@ class FlashAttention(Module):
                  SavedTensor("v", kv, dm.ab, region_input=True),
                  SavedTensor("attention.logsumexp", dm.b * dm.a * dm.s, FP32_BYTES))
         g.add(Op("attention", OpKind.flash_attention, flops=self.flops, saves=saves, region=CORE_ATTENTION,
-                 attention=(dm.b * dm.a, dm.s, dm.d, True)))
+                 attention=(dm.b * dm.a, dm.s, dm.d, True), kernel=self.backend))
 
     @property
     def flops(self) -> float:
@@ -50,7 +53,7 @@ class FlashAttention(Module):
     def backward(self, g: GraphBuilder, after: str) -> str:
         dm = self.dm
         return g.add(Op("attention.backward", OpKind.flash_attention, flops=2.5 * self.flops, region=CORE_ATTENTION,
-                        attention=(dm.b * dm.a, dm.s, dm.d, True)), after=(after,))
+                        attention=(dm.b * dm.a, dm.s, dm.d, True), kernel=self.backend), after=(after,))
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class ContextParallelAttention(Module):
 
     dm: Dims
     comm: str
+    backend: str = "auto"  # Megatron's --attention-backend, as for FlashAttention
 
     @property
     def _flops(self) -> float:
@@ -79,7 +83,7 @@ class ContextParallelAttention(Module):
     def _attention(self, name: str, flops: float, seq: int, saves=()) -> Op:
         dm = self.dm
         return Op(name, OpKind.flash_attention, flops=flops, saves=tuple(saves), region=CORE_ATTENTION,
-                  attention=(dm.b * dm.a, seq, dm.d, True))
+                  attention=(dm.b * dm.a, seq, dm.d, True), kernel=self.backend)
 
     def _comm(self, name: str, kind: CollectiveKind, nbytes: int):
         # inside the core-attention region: selective recompute replays the attention, and with it the

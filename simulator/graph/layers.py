@@ -75,6 +75,8 @@ class LayerKey:
     expert_tensor_parallel_size: int = 1
     dispatcher: str = "alltoall"
     grouped_gemm: bool = False
+    # the fused kernel's --attention-backend (auto, flash, fused): on one GPU they run different kernels
+    attention_backend: str = ""
 
     @staticmethod
     def of(plan: ParallelPlan, moe: bool = False) -> "LayerKey":
@@ -83,10 +85,11 @@ class LayerKey:
                   plan.grad_bytes, plan.tp_comm_overlap, plan.context_parallel_size, plan.cp_comm_type,
                   # the order only matters to TP's collectives: one key (and graph) for every TP 1 plan
                   plan.collectives_issued_in_order or plan.tensor_parallel_size == 1)
+        backend = plan.attention_backend.value if plan.use_flash_attention else ""
         if not moe:  # a dense layer does not depend on the expert layout: one graph for every EP
-            return LayerKey(*common)
+            return LayerKey(*common, attention_backend=backend)
         return LayerKey(*common, True, plan.expert_model_parallel_size, plan.expert_tp_size,
-                        plan.moe_token_dispatcher_type.value, plan.moe_grouped_gemm)
+                        plan.moe_token_dispatcher_type.value, plan.moe_grouped_gemm, attention_backend=backend)
 
 
 def _dims(model: ModelSpec, plan: LayerKey) -> Dims:
@@ -186,9 +189,9 @@ def layer_modules(model: ModelSpec, plan: LayerKey, dm: Dims) -> list[Module]:
     q = dm.a * dm.d
     attention: Module
     if dm.cp > 1:
-        attention = ContextParallelAttention(dm, plan.cp_comm_type.value)
+        attention = ContextParallelAttention(dm, plan.cp_comm_type.value, plan.attention_backend or "auto")
     elif plan.use_flash_attention:
-        attention = FlashAttention(dm)
+        attention = FlashAttention(dm, plan.attention_backend or "auto")
     else:
         attention = CoreAttention(dm, _softmax_steps(dm, plan.precision), model.attention_dropout)
     return [

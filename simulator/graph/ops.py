@@ -90,7 +90,9 @@ class Op:
     region: str = ""
     # flash attention: (batch x heads, sequence, head size, causal) for the attention cost model
     attention: tuple[int, int, int, bool] | None = None
-    kernel: str = ""  # memory-bound ops: the calibration's kernel class (layer_norm, dropout, ...)
+    # memory-bound ops: the calibration's kernel class (layer_norm, dropout, ...); fused attention: the
+    # --attention-backend that picks its kernel (auto, flash, fused)
+    kernel: str = ""
     host_sync: bool = False  # the host copies a result to itself first, so it waits for the device to drain
 
     @property

@@ -61,9 +61,7 @@ class FitParameter:
 
 
 def _get(profile: HardwareProfile, path: str) -> float:
-    obj = profile
-    for part in path.split("."):
-        obj = getattr(obj, part)
+    obj = profile.at(path)
     return 1.0 if obj is None else float(obj)  # an optional factor left unset is 1: not modelled
 
 
@@ -280,9 +278,7 @@ def _with_sources(profile: HardwareProfile, fit: RunFit) -> HardwareProfile:
             if not parents:
                 profile = profile.model_copy(update={_TOP_SOURCES[name]: text})
                 continue
-            block = profile
-            for part in parents:
-                block = getattr(block, part)
+            block = profile.at(".".join(parents))
             if block is None:
                 continue
             profile = _replace_block(profile, parents, {**block.ranges}, {**block.sources, name: text})
@@ -296,9 +292,7 @@ def _ranges_holding_values(profile: HardwareProfile) -> HardwareProfile:
         if low <= value <= high:
             continue
         *parents, name = path.split(".")
-        holder = profile
-        for part in parents:
-            holder = getattr(holder, part)
+        holder = profile.at(".".join(parents)) if parents else profile
         ranges = {**holder.ranges, name: (min(low, value), max(high, value))}
         if parents:
             profile = _replace_block(profile, parents, ranges)
@@ -309,13 +303,8 @@ def _ranges_holding_values(profile: HardwareProfile) -> HardwareProfile:
 
 def _replace_block(profile: HardwareProfile, parents: list[str], ranges: dict,
                    sources: dict | None = None) -> HardwareProfile:
-    chain = [profile]
-    for part in parents:
-        chain.append(getattr(chain[-1], part))
-    new = chain[-1].model_copy(update={"ranges": ranges, **({"sources": sources} if sources is not None else {})})
-    for parent, part in zip(reversed(chain[:-1]), reversed(parents)):
-        new = parent.model_copy(update={part: new})
-    return new
+    update = {"ranges": ranges, **({"sources": sources} if sources is not None else {})}
+    return profile.with_update(".".join(parents), update)
 
 
 def describe(fit: RunFit) -> list[str]:

@@ -171,7 +171,7 @@ def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: lis
         t, base = est.iteration_time_s, cand.screen_time_s
         job = Job.model_construct(model=req.model, cluster=req.cluster, plan=cand.plan)
         own = corners_by(base_profile, lambda path, end: screen_at(base_profile.with_value(path, end), cand, layout)
-                         / base - 1, unread=unread_constants(job))
+                         / base - 1, unread=unread_constants(job, base_profile))
         calibrated = run_band(job, base_profile)
         # a profile fitted to runs like this plan: their left-out errors are its band, not the corners
         fast, slow = (t, t) if calibrated is not None else (t * screen_at(c, cand, layout) / base

@@ -157,6 +157,53 @@ def test_flash_attention_backward_is_slower_per_flop_than_forward():
     assert fwd / t_f / 312e12 <= 0.73  # never above FA2's published forward maximum
 
 
+def _attention_s(cost, backend: str, seq: int, backward: bool) -> float:
+    bh, d = (16384 // seq) * 16, 128  # the FA papers' benchmark: 16k tokens a batch, 16 heads of 128
+    fwd = attention_forward_flops(bh, seq, d, True)
+    return cost.op_time_s(Op("a", OpKind.flash_attention, flops=2.5 * fwd if backward else fwd,
+                             attention=(bh, seq, d, True), kernel=backend))
+
+
+@pytest.mark.parametrize("cluster", ["dgx-h100", "dgx-h200"])
+@given(seq=st.sampled_from([512, 1024, 2048, 4096, 8192, 16384]), backward=st.booleans())
+@settings(max_examples=30, deadline=None)
+def test_on_hopper_flash_runs_flashattention2_and_auto_runs_cudnn(cluster, seq, backward):
+    """Transformer Engine prefers cuDNN's fused attention on sm90 (auto and fused run it) and --attention-backend
+    flash runs the flash-attn package's FA2, which the FA3 paper times 1.4-1.8x slower on H100."""
+    c = load_cluster(cluster)
+    cost = build_cost_model(c, default_profile(c.gpu.name), Precision.bf16)
+    auto, fused, flash = (_attention_s(cost, b, seq, backward) for b in ("auto", "fused", "flash"))
+    assert auto == fused
+    assert 1.3 < flash / auto < 2.0
+
+
+@given(seq=st.sampled_from([512, 2048, 16384]), backward=st.booleans())
+@settings(max_examples=12, deadline=None)
+def test_on_ampere_every_fused_backend_runs_flashattention2(seq, backward):
+    assert len({_attention_s(COST, b, seq, backward) for b in ("auto", "flash", "fused")}) == 1
+
+
+@pytest.mark.parametrize("kernel,backend", [("cudnn", "auto"), ("fa2", "flash")])
+def test_hopper_kernels_run_at_the_fa3_papers_measured_rates(kernel, backend):
+    """Each H100 kernel lands within 10% of the rate the FA3 paper printed for it, at every sequence length
+    (the causal forward; the backward as timed, without the mask)."""
+    import json
+    from pathlib import Path
+
+    rows = {r["id"]: r for r in json.loads((Path(__file__).resolve().parents[2] / "calibration" / "published"
+                                             / "hardware.json").read_text())["measured"]}
+    curves = rows["fa3_paper_h100_hdim128_curves"]["values"]
+    cost = build_cost_model(load_cluster("dgx-h100"), default_profile("H100-SXM5-80GB"), Precision.bf16)
+    sustained = default_profile("H100-SXM5-80GB").sustained_clock_fraction
+    for curve, causal, backward in (("forward_causal", True, False), ("backward_noncausal", False, True)):
+        for seq, tflops in zip(curves["seqlen"], curves[curve][kernel]):
+            bh = (16384 // seq) * 16
+            fwd = attention_forward_flops(bh, seq, 128, causal)
+            t = cost.op_time_s(Op("a", OpKind.flash_attention, flops=2.5 * fwd if backward else fwd,
+                                  attention=(bh, seq, 128, causal), kernel=backend)) * sustained
+            assert (2.5 * fwd if backward else fwd) / t / 1e12 == pytest.approx(tflops, rel=0.10), (curve, seq)
+
+
 @pytest.mark.parametrize("tp,sp,flash", [(1, False, False), (8, True, True), (4, False, True)])
 def test_every_layer_op_has_a_finite_positive_time(tp, sp, flash):
     model = load_model("gpt3-175b")

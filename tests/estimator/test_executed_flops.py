@@ -37,7 +37,8 @@ def _block_cap(block: GemmParams) -> float:
 def ceiling_flops_per_s(job: Job) -> float:
     profile, peaks = default_profile(job.cluster.gpu.name), job.cluster.gpu.peak_tflops
     peak = {Precision.bf16: peaks.bf16, Precision.fp16: peaks.fp16, Precision.fp32: peaks.fp32}[job.plan.precision]
-    attention = max(profile.attention.forward_efficiency, profile.attention.backward_efficiency)
+    attention = max(max(block.forward_efficiency, block.backward_efficiency)
+                    for block in (profile.attention, *profile.attention_kernels.values()))
     rate = peak * 1e12 * max(_block_cap(profile.gemm), attention)
     if job.plan.fp8_format is not None:
         rate = max(rate, peaks.fp8 * 1e12 * _block_cap(profile.gemm_fp8))
@@ -57,7 +58,7 @@ def jobs(draw) -> Job:
         # Megatron asserts sequence parallelism for an MoE model under TP
         sequence_parallel=tp > 1 and (moe or draw(st.booleans())),
         recompute=RecomputePolicy(granularity=draw(st.sampled_from(["none", "selective", "full"]))),
-        attention_backend=draw(st.sampled_from(["auto", "unfused"])),
+        attention_backend=draw(st.sampled_from(["auto", "flash", "fused", "unfused"])),
         fp8_format=draw(st.sampled_from([None, "hybrid"])) if cluster != "dgx-a100-80gb" else None,
         virtual_pipeline_stages=draw(st.sampled_from([1, 2])) if pp > 1 else 1,
     )
