@@ -436,24 +436,30 @@ def _fa2_a100_fit():
 
 A100_PEAK = 312e12
 H100_PEAK = 989.4e12
-FA3_CURVES = "fa3_paper_h100_hdim128_curves"
+FA3_CURVES = "fa3_paper_h100_curves"
 HOPPER_KERNELS = {"fa2": "FlashAttention-2", "cudnn": "cuDNN's fused attention", "fa3": "FlashAttention-3"}
 
 
 @functools.lru_cache(maxsize=None)
 def hopper_attention_fit(kernel: str):
-    """One kernel of the FA3 paper's H100 curves (head dim 128, 16k tokens a batch): the causal forward and the
-    backward (only timed without the mask), each at its measured TFLOPs/s, fitted as fractions of H100's peak."""
+    """One kernel of the FA3 paper's H100 curves (16k tokens a batch, hidden 2048, head dims 64 and 128): the
+    causal forward and the backward (only timed without the mask), each at its measured TFLOPs/s, fitted as
+    fractions of H100's peak."""
     row = _measured()[FA3_CURVES]["values"]
     points = []
-    for curve, causal, backward in (("forward_causal", True, False), ("backward_noncausal", False, True)):
-        for seq, tflops in zip(row["seqlen"], row[curve][kernel]):
-            bh = (16384 // seq) * 16
-            fwd = 4.0 * bh * seq * seq * 128 / (2 if causal else 1)
-            points.append((bh, seq, 128, causal, backward, (2.5 if backward else 1.0) * fwd / (tflops * 1e12)))
+    for head_dim in (64, 128):
+        curves = row[f"head_dim_{head_dim}"]
+        for curve, causal, backward in (("forward_causal", True, False), ("backward_noncausal", False, True)):
+            for seq, tflops in zip(row["seqlen"], curves[curve][kernel]):
+                if tflops is None:  # not transcribed
+                    continue
+                bh = (16384 // seq) * (2048 // head_dim)
+                fwd = 4.0 * bh * seq * seq * head_dim / (2 if causal else 1)
+                points.append((bh, seq, head_dim, causal, backward,
+                               (2.5 if backward else 1.0) * fwd / (tflops * 1e12)))
     return fit_attention(points, H100_PEAK, fixed={"launch_overhead_s": LAUNCH_OVERHEAD_S},
-                         note=f"{HOPPER_KERNELS[kernel]} on H100 SXM5, head dim 128: the causal forward and the "
-                              "non-causal backward at 512-16k tokens (FA3 paper, Figs. 5-6)")
+                         note=f"{HOPPER_KERNELS[kernel]} on H100 SXM5, head dims 64 and 128: the causal forward and "
+                              "the non-causal backward at 512-16k tokens (FA3 paper, Figs. 5-6)")
 
 
 def _hopper_kernel(kernel: str, faster: str, why_faster: str) -> AttentionParams:
@@ -462,15 +468,18 @@ def _hopper_kernel(kernel: str, faster: str, why_faster: str) -> AttentionParams
     fit, fast = hopper_attention_fit(kernel), hopper_attention_fit(faster)
     name, fast_name = HOPPER_KERNELS[kernel], HOPPER_KERNELS[faster]
     p = fit.params
-    ranges = {"launch_overhead_s": LAUNCH_RANGE, "seq_half": (0.0, 2 * p["seq_half"])}
+    ranges = {"launch_overhead_s": LAUNCH_RANGE, "seq_half": (0.0, 2 * p["seq_half"]),
+              "head_dim_half": (0.0, 2 * p["head_dim_half"])}
     sources = {"launch_overhead_s": LAUNCH_SOURCE,
                "seq_half": (f"fitted with the efficiencies to {name}'s curve from 512 to 16k tokens; range: no "
-                            "size effect up to twice it")}
+                            "size effect up to twice it"),
+               "head_dim_half": (f"fitted with the efficiencies to {name}'s curves at head dims 64 and 128 (none "
+                                 "other was transcribed); range: no head-size effect up to twice it")}
     for phase, curve in (("forward", "the causal forward"), ("backward", "the backward (timed without the "
                                                                           "causal mask: no causal figure)")):
         key = f"{phase}_efficiency"
         ranges[key] = (p[key], max(p[key], fast.params[key]))
-        sources[key] = (f"fitted to {name} on H100 SXM5, {curve}, head dim 128, 512-16k tokens ({MD} section 3e, "
+        sources[key] = (f"fitted to {name} on H100 SXM5, {curve}, stated at head dim 128, 512-16k tokens ({MD} section 3e, "
                         f"FA3 paper Figs. 5-6); range up to {fast_name}'s {fast.params[key]:.3f}, {why_faster}")
     return AttentionParams(**p, ranges=ranges, sources=sources, fits=(fit.record,))
 
@@ -480,10 +489,15 @@ def _attention(gpu: GpuSpec) -> AttentionParams:
     cuDNN's fused attention preference over FlashAttention (its get_attention_backend, sm90 and later)."""
     a100_fit = _fa2_a100_fit()
     if gpu.architecture == "ampere":
+        fa2_h100 = hopper_attention_fit("fa2").params["head_dim_half"]
         return AttentionParams(
-            **a100_fit.params,
-            ranges={"launch_overhead_s": LAUNCH_RANGE, "seq_half": (0.0, 2 * a100_fit.params["seq_half"])},
+            **a100_fit.params, head_dim_half=0.0,
+            ranges={"launch_overhead_s": LAUNCH_RANGE, "seq_half": (0.0, 2 * a100_fit.params["seq_half"]),
+                    "head_dim_half": (0.0, fa2_h100)},
             sources={
+                "head_dim_half": ("not measured on A100 (FA2's per-head-size curves exist only as figures, not "
+                                  "transcribed): 0, every head size at head size 128's efficiency; range up to "
+                                  f"FA2's on H100 ({fa2_h100:.0f}, FA3 paper Fig. 5)"),
                 "forward_efficiency": f"fitted to FA2 on A100 80GB: up to 73% of peak forward ({MD} section 3e, [FA2])",
                 "backward_efficiency": f"fitted to FA2 on A100 80GB: up to 63% of peak backward ({MD} section 3e)",
                 "seq_half": ("fitted: FA2's 50-73% range spans seqlen 512-16k; its low end is attributed to the "

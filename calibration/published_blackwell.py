@@ -106,9 +106,10 @@ def _attention(gpu: GpuSpec) -> AttentionParams:
                 f"as FA3 on H200 on an 8B causal shape ({MD} section 3e, [stas-perf])")
     where = "" if slow == 1 else "; the B200's fraction of peak, not measured on GB200 (range down to its throughput)"
     return AttentionParams(
-        forward_efficiency=fwd, backward_efficiency=bwd, seq_half=f3["seq_half"],
+        forward_efficiency=fwd, backward_efficiency=bwd, seq_half=f3["seq_half"], head_dim_half=f3["head_dim_half"],
         launch_overhead_s=f3["launch_overhead_s"],
         ranges={"launch_overhead_s": bp.LAUNCH_RANGE, "seq_half": (0.0, 2 * f3["seq_half"]),
+                "head_dim_half": (0.0, 2 * f3["head_dim_half"]),
                 "forward_efficiency": (fwd * slow, f3["forward_efficiency"] * high),
                 "backward_efficiency": (bwd * slow, f3["backward_efficiency"] * high)},
         sources={
@@ -120,6 +121,7 @@ def _attention(gpu: GpuSpec) -> AttentionParams:
                                     f"Fig. 6) scaled as the forward: {measured}; range up to the "
                                     f"{FA4_SPEEDUP[1]}x{where}"),
             "seq_half": "not pinned on Blackwell: FA3's on Hopper",
+            "head_dim_half": "not pinned on Blackwell: FA3's on Hopper (head dims 64 and 128); range up to twice it",
             "launch_overhead_s": bp.LAUNCH_SOURCE,
         },
         fits=(fa3.record,))

@@ -284,13 +284,19 @@ class ElementwiseParams(_Block):
 
 
 class AttentionParams(_Block):
-    """Fused (flash) attention: eff = phase_efficiency * s / (s + seq_half), of the dense tensor peak."""
+    """Fused (flash) attention: eff = phase_efficiency * s / (s + seq_half), of the dense tensor peak, scaled by
+    head size (``head_dim_half``)."""
 
     forward_efficiency: float = Field(description="Forward efficiency at long sequences [FA2].", **_FRACTION)
     backward_efficiency: float = Field(description="Backward efficiency at long sequences [FA2].", **_FRACTION)
     seq_half: float = Field(
         0.0, description="Sequence length at which the efficiency halves (0: no size term).", **_SIZE
     )
+    head_dim_half: float | None = Field(
+        None, description="Head size at which the efficiency would halve, the efficiencies being stated at head size "
+                          "128: eff x d / (d + head_dim_half) x (128 + head_dim_half) / 128 (None or 0: no "
+                          "head-size term, as where a profile was measured at one head size).",
+        **_SIZE)
     launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
 
 

@@ -177,14 +177,19 @@ def fit_attention(points: Sequence[Sequence], peak_flops: float, *, fixed: dict 
     fwd = np.array([attention_forward_flops(a, s, h, c) for a, s, h, c in zip(bh, seq, d, causal)])
     flops = np.where(backward, 2.5 * fwd, fwd)
     fixed = dict(fixed or {})
-    start = {"forward_efficiency": 0.6, "backward_efficiency": 0.5, "seq_half": 128.0, "launch_overhead_s": 2e-6}
-    lower = {"forward_efficiency": 0.01, "backward_efficiency": 0.01, "seq_half": 0.0, "launch_overhead_s": 0.0}
-    upper = {"forward_efficiency": 1.0, "backward_efficiency": 1.0, "seq_half": 1e5, "launch_overhead_s": 1e-3}
+    start = {"forward_efficiency": 0.6, "backward_efficiency": 0.5, "seq_half": 128.0, "head_dim_half": 32.0,
+             "launch_overhead_s": 2e-6}
+    if len(set(d.tolist())) < 2:  # one head size cannot say how the efficiency moves with it: no such term
+        del start["head_dim_half"]
+    lower = {"forward_efficiency": 0.01, "backward_efficiency": 0.01, "seq_half": 0.0, "head_dim_half": 0.0,
+             "launch_overhead_s": 0.0}
+    upper = {"forward_efficiency": 1.0, "backward_efficiency": 1.0, "seq_half": 1e5, "head_dim_half": 1e4,
+             "launch_overhead_s": 1e-3}
     free = [p for p in start if p not in fixed]
 
     def residuals(x):
-        p = AttentionParams.model_construct(**{**start, **fixed, **x})
-        return attention_time_s(p, peak_flops, flops, seq, backward) / t - 1.0
+        p = AttentionParams.model_construct(**{"head_dim_half": None, **start, **fixed, **x})
+        return attention_time_s(p, peak_flops, flops, seq, backward, d) / t - 1.0
 
     x, _ = _least_squares(residuals, free, start, lower, upper) if free else ({}, 0.0)
     record = FitRecord(columns=("batch_heads", "seq", "head_dim", "causal", "backward", "time_s"),

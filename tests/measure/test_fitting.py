@@ -84,7 +84,7 @@ def test_fit_attention_recovers_parameters():
         for backward in (False, True):
             bh = 16384 // seq * 16
             flops = attention_forward_flops(bh, seq, 128, True) * (2.5 if backward else 1.0)
-            points.append((bh, seq, 128, True, backward, _noisy(rng, attention_time_s(true, 312e12, flops, seq, backward))))
+            points.append((bh, seq, 128, True, backward, _noisy(rng, attention_time_s(true, 312e12, flops, seq, backward, 128))))
     fit = fit_attention(points, 312e12, fixed={"launch_overhead_s": 5e-6})
     for name in ("forward_efficiency", "backward_efficiency", "seq_half"):
         assert fit.params[name] == pytest.approx(getattr(true, name), rel=0.02), name
