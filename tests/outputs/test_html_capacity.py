@@ -11,14 +11,13 @@ from __future__ import annotations
 import html
 import json
 import re
-import subprocess
 
 import pytest
 
 from simulator.outputs import capacity_text as t
 from simulator.outputs.html_capacity import page_data, render_html, write_capacity_html
 from simulator.planner.capacity import plan_capacity
-from tests.outputs.test_html_report import CHROMIUM, FLAGS
+from tests.outputs.test_html_report import CHROMIUM, probe_page
 from tests.planner.test_capacity import _request, fake_point
 
 pytest.importorskip("plotly")
@@ -86,12 +85,6 @@ def test_without_an_answer_the_page_says_what_binds_and_lists_every_option():
 
 
 PROBE = r"""
-<script>
-(async function () {
-  const out = document.createElement("pre");
-  out.id = "probe";
-  const sleep = ms => new Promise(r => setTimeout(r, ms));
-  try {
     const days = document.getElementById("days"), cost = document.getElementById("cost");
     for (let i = 0; i < 200 && !(days._fullLayout && cost._fullLayout && cost._fullLayout.xaxis); i++) await sleep(50);
     const D = JSON.parse(document.getElementById("page-data").textContent);
@@ -105,26 +98,13 @@ PROBE = r"""
     const traces = gd => gd._fullData.map(tr => ({name: tr.name, points: tr.x.length, fill: tr.fill}));
     out.textContent = JSON.stringify({days: traces(days), cost: traces(cost), xtype: xa.type,
       hover: Array.from(days.querySelectorAll(".hoverlayer .hovertext")).map(e => e.textContent).join(" | ")});
-  } catch (e) {
-    out.textContent = JSON.stringify({error: String(e && e.stack || e)});
-  }
-  document.body.appendChild(out);
-})();
-</script>
 """
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium)")
 def test_the_charts_draw_each_cluster_the_deadline_the_frontier_and_the_answer(deadline, tmp_path):
     _, result, data = deadline
-    path = tmp_path / "page.html"
-    path.write_text(render_html(data).replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    run = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", path.as_uri()],
-                         capture_output=True, text=True, timeout=180)
-    found = re.search(r'<pre id="probe">(.*?)</pre>', run.stdout, re.S)
-    assert found, f"the page did not finish rendering:\n{run.stderr[-2000:]}"
-    seen = json.loads(html.unescape(found.group(1)))
-    assert "error" not in seen, seen["error"]
+    seen = probe_page(render_html(data), PROBE, tmp_path)
     ok = [o for o in result.options if o.status == "ok"]
     days = {tr["name"]: tr for tr in seen["days"]}
     for name in data["clusters"]:

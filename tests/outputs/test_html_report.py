@@ -34,13 +34,25 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--host-resolver-rules=MAP * ~NOTFOUND",  # no network: the page must work offline
          "--virtual-time-budget=20000", "--dump-dom"]
 
+
+def probe_page(page_html: str, probe_js: str, tmp_path) -> dict:
+    """What ``probe_js`` saw in ``page_html`` once headless Chromium ran it: the script, given ``out`` (a
+    ``<pre>`` it fills with JSON) and ``sleep``, runs after the page's own; an error it throws fails the test."""
+    script = ("<script>\n(async function () {\n  const out = document.createElement(\"pre\");\n  out.id = \"probe\";\n"
+              "  const sleep = ms => new Promise(r => setTimeout(r, ms));\n  try {\n" + probe_js +
+              "  } catch (e) {\n    out.textContent = JSON.stringify({error: String(e && e.stack || e)});\n  }\n"
+              "  document.body.appendChild(out);\n})();\n</script>\n")
+    path = tmp_path / "page.html"
+    path.write_text(page_html.replace("</body>", script + "</body>"), encoding="utf-8")
+    run = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}", path.as_uri()],
+                         capture_output=True, text=True, timeout=180)
+    found = re.search(r'<pre id="probe">(.*?)</pre>', run.stdout, re.S)
+    assert found, f"the page did not finish rendering:\n{run.stderr[-2000:]}"
+    seen = json.loads(html.unescape(found.group(1)))
+    assert "error" not in seen, seen["error"]
+    return seen
+
 PROBE = r"""
-<script>
-(async function () {
-  const out = document.createElement("pre");
-  out.id = "probe";
-  const sleep = ms => new Promise(r => setTimeout(r, ms));
-  try {
     const gd = document.getElementById("pareto");
     for (let i = 0; i < 200 && !(gd._fullLayout && gd._fullLayout.xaxis); i++) await sleep(50);
     const D = JSON.parse(document.getElementById("page-data").textContent);
@@ -61,12 +73,6 @@ PROBE = r"""
       answer: (document.getElementById("answer") || {}).innerText,
       note: (document.querySelector("p.note") || {}).innerText,
       breakdown_title: (document.querySelector("#breakdown .gtitle") || {}).textContent});
-  } catch (e) {
-    out.textContent = JSON.stringify({error: String(e && e.stack || e)});
-  }
-  document.body.appendChild(out);
-})();
-</script>
 """
 
 
@@ -92,15 +98,7 @@ def test_the_page_is_one_offline_deterministic_file(page, tmp_path):
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium)")
 def test_the_page_renders_in_headless_chromium_and_a_hover_shows_a_plan(page, tmp_path):
     _, result, data = page
-    path = tmp_path / "page.html"
-    path.write_text(render_html(data).replace("</body>", PROBE + "</body>"), encoding="utf-8")
-    profile = tmp_path / "chromium-profile"
-    run = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", path.as_uri()], capture_output=True,
-                         text=True, timeout=180)
-    found = re.search(r'<pre id="probe">(.*?)</pre>', run.stdout, re.S)
-    assert found, f"the page did not finish rendering:\n{run.stderr[-2000:]}"
-    seen = json.loads(html.unescape(found.group(1)))
-    assert "error" not in seen, seen["error"]
+    seen = probe_page(render_html(data), PROBE, tmp_path)
     assert seen["points"] == len(result.screened)
     best = data["simulated"][data["best"]]
     for needle in (best["layout"], f"iteration {best['iteration_time_s']:.2f} s", f"MFU {100 * best['mfu']:.1f}%",
