@@ -443,13 +443,14 @@ HOPPER_KERNELS = {"fa2": "FlashAttention-2", "cudnn": "cuDNN's fused attention",
 @functools.lru_cache(maxsize=None)
 def hopper_attention_fit(kernel: str):
     """One kernel of the FA3 paper's H100 curves (16k tokens a batch, hidden 2048, head dims 64 and 128): the
-    causal forward and the backward (only timed without the mask), each at its measured TFLOPs/s, fitted as
-    fractions of H100's peak."""
+    forward with and without the causal mask and the backward (only timed without it), each at its measured
+    TFLOPs/s, fitted as fractions of H100's peak; the causal term from the two forwards."""
     row = _measured()[FA3_CURVES]["values"]
     points = []
     for head_dim in (64, 128):
         curves = row[f"head_dim_{head_dim}"]
-        for curve, causal, backward in (("forward_causal", True, False), ("backward_noncausal", False, True)):
+        for curve, causal, backward in (("forward_causal", True, False), ("forward_noncausal", False, False),
+                                        ("backward_noncausal", False, True)):
             for seq, tflops in zip(row["seqlen"], curves[curve][kernel]):
                 if tflops is None:  # not transcribed
                     continue
@@ -457,9 +458,10 @@ def hopper_attention_fit(kernel: str):
                 fwd = 4.0 * bh * seq * seq * head_dim / (2 if causal else 1)
                 points.append((bh, seq, head_dim, causal, backward,
                                (2.5 if backward else 1.0) * fwd / (tflops * 1e12)))
-    return fit_attention(points, H100_PEAK, fixed={"launch_overhead_s": LAUNCH_OVERHEAD_S},
-                         note=f"{HOPPER_KERNELS[kernel]} on H100 SXM5, head dims 64 and 128: the causal forward and "
-                              "the non-causal backward at 512-16k tokens (FA3 paper, Figs. 5-6)")
+    return fit_attention(points, H100_PEAK, fixed={"launch_overhead_s": LAUNCH_OVERHEAD_S}, backward_terms=True,
+                         note=f"{HOPPER_KERNELS[kernel]} on H100 SXM5, head dims 64 and 128: the forward with and "
+                              "without the causal mask and the non-causal backward at 512-16k tokens (FA3 paper, "
+                              "Figs. 5-6)")
 
 
 def _hopper_kernel(kernel: str, faster: str, why_faster: str) -> AttentionParams:
@@ -468,20 +470,39 @@ def _hopper_kernel(kernel: str, faster: str, why_faster: str) -> AttentionParams
     fit, fast = hopper_attention_fit(kernel), hopper_attention_fit(faster)
     name, fast_name = HOPPER_KERNELS[kernel], HOPPER_KERNELS[faster]
     p = fit.params
-    ranges = {"launch_overhead_s": LAUNCH_RANGE, "seq_half": (0.0, 2 * p["seq_half"]),
-              "head_dim_half": (0.0, 2 * p["head_dim_half"])}
-    sources = {"launch_overhead_s": LAUNCH_SOURCE,
-               "seq_half": (f"fitted with the efficiencies to {name}'s curve from 512 to 16k tokens; range: no "
-                            "size effect up to twice it"),
-               "head_dim_half": (f"fitted with the efficiencies to {name}'s curves at head dims 64 and 128 (none "
-                                 "other was transcribed); range: no head-size effect up to twice it")}
-    for phase, curve in (("forward", "the causal forward"), ("backward", "the backward (timed without the "
-                                                                          "causal mask: no causal figure)")):
+    ranges = {"launch_overhead_s": LAUNCH_RANGE,
+              **{k: (0.0, 2 * p[k]) for k in ("seq_half", "backward_seq_half", "head_dim_half",
+                                              "backward_head_dim_half")}}
+    sources = {"launch_overhead_s": LAUNCH_SOURCE}
+    for phase, prefix in (("forward", ""), ("backward", "backward_")):
+        sources[f"{prefix}seq_half"] = (f"fitted with the efficiencies to {name}'s {phase} from 512 to 16k tokens; "
+                                        "range: no size effect up to twice it")
+        sources[f"{prefix}head_dim_half"] = (f"fitted with the efficiencies to {name}'s {phase} at head dims 64 and "
+                                             "128 (none other was transcribed); range: no head-size effect up to "
+                                             "twice it")
+    for phase, curve in (("forward", "the forward without the mask"), ("backward", "the backward (timed without "
+                                                                                    "the causal mask)")):
         key = f"{phase}_efficiency"
         ranges[key] = (p[key], max(p[key], fast.params[key]))
         sources[key] = (f"fitted to {name} on H100 SXM5, {curve}, stated at head dim 128, 512-16k tokens ({MD} section 3e, "
                         f"FA3 paper Figs. 5-6); range up to {fast_name}'s {fast.params[key]:.3f}, {why_faster}")
+    ranges.update(causal_ranges(p))
+    sources.update(causal_sources(f"{name}'s forward with and without the mask, H100 SXM5, head dims 64 and 128, "
+                                  f"512-16k tokens ({MD} section 3e, FA3 paper Fig. 5)"))
     return AttentionParams(**p, ranges=ranges, sources=sources, fits=(fit.record,))
+
+
+def causal_ranges(p: dict) -> dict:
+    """The causal term's ranges: its loss is measured on the forward only, and the backward is taken to lose the
+    same (it walks the same diagonal tiles); the range runs from no loss beyond the skipped half to twice the
+    measured short-sequence loss."""
+    return {"causal_efficiency": (p["causal_efficiency"], 1.0), "causal_seq_half": (0.0, 2 * p["causal_seq_half"])}
+
+
+def causal_sources(measured: str) -> dict:
+    return {"causal_efficiency": (f"fitted to {measured}; the causal backward, not timed there, taken to lose the "
+                                  "same; range up to no loss beyond the skipped half"),
+            "causal_seq_half": f"fitted with causal_efficiency; range: no short-sequence loss up to twice it"}
 
 
 def _attention(gpu: GpuSpec) -> AttentionParams:
@@ -489,12 +510,17 @@ def _attention(gpu: GpuSpec) -> AttentionParams:
     cuDNN's fused attention preference over FlashAttention (its get_attention_backend, sm90 and later)."""
     a100_fit = _fa2_a100_fit()
     if gpu.architecture == "ampere":
-        fa2_h100 = hopper_attention_fit("fa2").params["head_dim_half"]
+        fa2 = hopper_attention_fit("fa2").params
+        fa2_h100 = fa2["head_dim_half"]
+        causal = {k: fa2[k] for k in ("causal_efficiency", "causal_seq_half")}
         return AttentionParams(
-            **a100_fit.params, head_dim_half=0.0,
+            **a100_fit.params, head_dim_half=0.0, **causal,
             ranges={"launch_overhead_s": LAUNCH_RANGE, "seq_half": (0.0, 2 * a100_fit.params["seq_half"]),
-                    "head_dim_half": (0.0, fa2_h100)},
+                    "head_dim_half": (0.0, fa2_h100), **causal_ranges(causal)},
             sources={
+                **causal_sources("FlashAttention-2's forward with and without the mask on H100 SXM5 (FA3 paper "
+                                 f"Fig. 5, {MD} section 3e), taken for FA2 on A100: the same kernel, whose tiles "
+                                 "are the same on sm80 and sm90, and FA2's A100 curves were not transcribed"),
                 "head_dim_half": ("not measured on A100 (FA2's per-head-size curves exist only as figures, not "
                                   "transcribed): 0, every head size at head size 128's efficiency; range up to "
                                   f"FA2's on H100 ({fa2_h100:.0f}, FA3 paper Fig. 5)"),

@@ -114,7 +114,8 @@ class CostModel:
             assert op.attention is not None, op.name
             bh, seq, d, causal = op.attention
             backward = op.flops > 1.5 * attention_forward_flops(bh, seq, d, causal)  # the backward is 2.5x the forward
-            return float(attention_time_s(p.attention_for(op.kernel), self.peak_flops, op.flops, seq, backward, d))
+            return float(attention_time_s(p.attention_for(op.kernel), self.peak_flops, op.flops, seq, backward, d,
+                                          causal))
         if op.kind is OpKind.collective:
             assert op.collective is not None, op.name
             c = op.collective

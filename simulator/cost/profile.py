@@ -285,17 +285,32 @@ class ElementwiseParams(_Block):
 
 class AttentionParams(_Block):
     """Fused (flash) attention: eff = phase_efficiency * s / (s + seq_half), of the dense tensor peak, scaled by
-    head size (``head_dim_half``)."""
+    head size (``head_dim_half``) and, under the causal mask, by the mask's own loss (``causal_efficiency``)."""
 
     forward_efficiency: float = Field(description="Forward efficiency at long sequences [FA2].", **_FRACTION)
     backward_efficiency: float = Field(description="Backward efficiency at long sequences [FA2].", **_FRACTION)
     seq_half: float = Field(
         0.0, description="Sequence length at which the efficiency halves (0: no size term).", **_SIZE
     )
+    backward_seq_half: float | None = Field(
+        None, description="The backward's own seq_half where it was measured apart (None: seq_half for both "
+                          "phases): its per-tile work beyond the matmuls is larger, so it reaches its long-sequence "
+                          "rate later.", **_SIZE)
+    backward_head_dim_half: float | None = Field(
+        None, description="The backward's own head_dim_half where it was measured apart (None: head_dim_half for "
+                          "both phases).", **_SIZE)
     head_dim_half: float | None = Field(
         None, description="Head size at which the efficiency would halve, the efficiencies being stated at head size "
                           "128: eff x d / (d + head_dim_half) x (128 + head_dim_half) / 128 (None or 0: no "
                           "head-size term, as where a profile was measured at one head size).",
+        **_SIZE)
+    causal_efficiency: float | None = Field(
+        None, description="A causal kernel's efficiency relative to the unmasked one at long sequences: "
+                          "eff x causal_efficiency x s / (s + causal_seq_half) under the causal mask (None: no "
+                          "causal term, as where a profile was measured with one mask only).", **_FRACTION)
+    causal_seq_half: float | None = Field(
+        None, description="Sequence length at which the causal mask's extra loss would halve the efficiency "
+                         "(its diagonal tiles, half masked, weigh most at short sequences; None: no such term).",
         **_SIZE)
     launch_overhead_s: float = Field(description="Fixed time per kernel, seconds.", **_SECONDS)
 

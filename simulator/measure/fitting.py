@@ -165,10 +165,15 @@ def fit_achieved_fraction(achieved_gbps: Sequence[float], peak_gbps: Sequence[fl
 
 # --- attention --------------------------------------------------------------------------------
 
-def fit_attention(points: Sequence[Sequence], peak_flops: float, *, fixed: dict | None = None, note: str = "") -> Fit:
+def fit_attention(points: Sequence[Sequence], peak_flops: float, *, fixed: dict | None = None, note: str = "",
+                  backward_terms: bool = False) -> Fit:
     """Fit ``AttentionParams`` to points (batch_heads, seq, head_dim, causal, backward, time_s).
 
-    FLOPs follow FA2: forward 4 s^2 d (batch x heads), halved when causal; backward 2.5x forward.
+    FLOPs follow FA2: forward 4 s^2 d (batch x heads), halved when causal; backward 2.5x forward. The
+    head-size term is fitted only where the points hold two head sizes, and the causal term only where
+    they hold the kernel with and without the mask: one of each cannot tell the term from the efficiencies.
+    ``backward_terms``: give the backward its own sequence and head-size terms (where both phases were swept in
+    both).
     """
     raw = _check_points(points, 6, "attention")
     bh, seq, d = (raw[:, i].astype(float) for i in range(3))
@@ -178,18 +183,29 @@ def fit_attention(points: Sequence[Sequence], peak_flops: float, *, fixed: dict 
     flops = np.where(backward, 2.5 * fwd, fwd)
     fixed = dict(fixed or {})
     start = {"forward_efficiency": 0.6, "backward_efficiency": 0.5, "seq_half": 128.0, "head_dim_half": 32.0,
-             "launch_overhead_s": 2e-6}
+             "causal_efficiency": 0.9, "causal_seq_half": 128.0, "launch_overhead_s": 2e-6}
     if len(set(d.tolist())) < 2:  # one head size cannot say how the efficiency moves with it: no such term
         del start["head_dim_half"]
+    if causal.all() or not causal.any():
+        del start["causal_efficiency"], start["causal_seq_half"]
+    if backward_terms:
+        start["backward_seq_half"] = start["seq_half"]
+        if "head_dim_half" in start:
+            start["backward_head_dim_half"] = start["head_dim_half"]
     lower = {"forward_efficiency": 0.01, "backward_efficiency": 0.01, "seq_half": 0.0, "head_dim_half": 0.0,
-             "launch_overhead_s": 0.0}
+             "causal_efficiency": 0.05, "causal_seq_half": 0.0, "backward_seq_half": 0.0,
+             "backward_head_dim_half": 0.0, "launch_overhead_s": 0.0}
     upper = {"forward_efficiency": 1.0, "backward_efficiency": 1.0, "seq_half": 1e5, "head_dim_half": 1e4,
-             "launch_overhead_s": 1e-3}
+             "causal_efficiency": 1.0, "causal_seq_half": 1e5, "backward_seq_half": 1e5,
+             "backward_head_dim_half": 1e4, "launch_overhead_s": 1e-3}
     free = [p for p in start if p not in fixed]
 
     def residuals(x):
-        p = AttentionParams.model_construct(**{"head_dim_half": None, **start, **fixed, **x})
-        return attention_time_s(p, peak_flops, flops, seq, backward, d) / t - 1.0
+        p = AttentionParams.model_construct(**{"head_dim_half": None, "causal_efficiency": None,
+                                               "causal_seq_half": None, "backward_seq_half": None,
+                                               "backward_head_dim_half": None, **start, **fixed,
+                                               **x})
+        return attention_time_s(p, peak_flops, flops, seq, backward, d, causal) / t - 1.0
 
     x, _ = _least_squares(residuals, free, start, lower, upper) if free else ({}, 0.0)
     record = FitRecord(columns=("batch_heads", "seq", "head_dim", "causal", "backward", "time_s"),

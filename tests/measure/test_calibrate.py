@@ -47,7 +47,7 @@ def _synthetic_raw(with_collectives: bool = False) -> dict:
         bh = 12 * max(1, 2048 // seq)
         for backward in (False, True):
             flops = attention_forward_flops(bh, seq, 128, True) * (2.5 if backward else 1.0)
-            t = float(attention_time_s(truth.attention, peak, flops, seq, backward, 128))
+            t = float(attention_time_s(truth.attention, peak, flops, seq, backward, 128, True))
             attention.append({"impl": "fused", "pass": "backward" if backward else "forward", "batch_heads": bh,
                               "seq": seq, "head_dim": 128, "causal": True, "dtype": "bfloat16", "time_s": t})
     elementwise = [{"kernel": "copy", "bytes_moved": 2 ** e, "time_s":
@@ -470,7 +470,7 @@ def _cpu_raw() -> dict:
             flops = attention_forward_flops(8, seq, 32, True) * (2.5 if backward else 1.0)
             attention.append({"impl": "fused", "pass": "backward" if backward else "forward", "batch_heads": 8,
                               "seq": seq, "head_dim": 32, "causal": True, "dtype": "float32",
-                              "time_s": float(attention_time_s(att, peak, flops, seq, backward, 32))})
+                              "time_s": float(attention_time_s(att, peak, flops, seq, backward, 32, True))})
     f = 2 * (2 - 1) / 2
     collectives = []
     for mode, extra in (("isolated", 0.0), ("in_loop", 1e-3)):

@@ -84,10 +84,34 @@ def test_fit_attention_recovers_parameters():
         for backward in (False, True):
             bh = 16384 // seq * 16
             flops = attention_forward_flops(bh, seq, 128, True) * (2.5 if backward else 1.0)
-            points.append((bh, seq, 128, True, backward, _noisy(rng, attention_time_s(true, 312e12, flops, seq, backward, 128))))
+            points.append((bh, seq, 128, True, backward, _noisy(rng, attention_time_s(true, 312e12, flops, seq, backward, 128, True))))
     fit = fit_attention(points, 312e12, fixed={"launch_overhead_s": 5e-6})
     for name in ("forward_efficiency", "backward_efficiency", "seq_half"):
         assert fit.params[name] == pytest.approx(getattr(true, name), rel=0.02), name
+
+
+def test_fit_attention_recovers_the_causal_and_backward_terms_where_the_points_hold_them():
+    """With the forward timed with and without the mask, and both phases at two head sizes, each term is pinned:
+    the causal loss apart from the efficiencies, and the backward's own sequence and head-size terms."""
+    rng = np.random.default_rng(RNG_SEED)
+    true = AttentionParams.model_construct(forward_efficiency=0.62, backward_efficiency=0.55, seq_half=110.0,
+                                           backward_seq_half=380.0, head_dim_half=100.0, backward_head_dim_half=25.0,
+                                           causal_efficiency=0.92, causal_seq_half=220.0, launch_overhead_s=5e-6)
+    points = []
+    for d in (64, 128):
+        for seq in (512, 1024, 2048, 4096, 8192, 16384):
+            bh = 16384 // seq * (2048 // d)
+            for causal, backward in ((True, False), (False, False), (False, True)):
+                flops = attention_forward_flops(bh, seq, d, causal) * (2.5 if backward else 1.0)
+                points.append((bh, seq, d, causal, backward,
+                               _noisy(rng, attention_time_s(true, 989e12, flops, seq, backward, d, causal))))
+    fit = fit_attention(points, 989e12, fixed={"launch_overhead_s": 5e-6}, backward_terms=True)
+    for name in ("forward_efficiency", "backward_efficiency", "causal_efficiency"):
+        assert fit.params[name] == pytest.approx(getattr(true, name), rel=0.03), name
+    for name in ("seq_half", "backward_seq_half", "causal_seq_half", "head_dim_half", "backward_head_dim_half"):
+        assert fit.params[name] == pytest.approx(getattr(true, name), rel=0.3), name
+    one_mask = fit_attention([p for p in points if not p[3]], 989e12, fixed={"launch_overhead_s": 5e-6})
+    assert "causal_efficiency" not in one_mask.params and "backward_seq_half" not in one_mask.params
 
 
 def test_fit_step_latency():
