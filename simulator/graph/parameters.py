@@ -93,16 +93,25 @@ def stage_parameters(job: Job, stage: int) -> int:
     n = (job.layers_per_stage[stage] - moe) * layer_parameters_per_rank(model, t)
     if moe:
         n += moe * sum(_moe_layer_parameters(model, *_expert_key(plan)))
-    word = model.vocab_size * model.hidden_size // t
+    return n + sum(stage_outer_parameters(job, stage))
+
+
+def stage_outer_parameters(job: Job, stage: int) -> tuple[int, int]:
+    """Of ``stage_parameters``, those outside the transformer layers: (the embeddings the stage holds before its
+    first layer, the final norm and output layer after its last); 0 where the stage holds none."""
+    model, plan = job.model, job.plan
+    p = plan.pipeline_parallel_size
+    word = model.vocab_size * model.hidden_size // plan.tensor_parallel_size
+    before = after = 0
     if stage == 0:
-        n += word
+        before = word
         if model.position_embedding_type is PositionEmbedding.learned_absolute:
-            n += model.seq_length * model.hidden_size
+            before += model.seq_length * model.hidden_size
     if stage == p - 1:
-        n += model.norm_parameters()
+        after = model.norm_parameters()
         if model.untie_embeddings_and_output_weights or p > 1:
-            n += word
-    return n
+            after += word
+    return before, after
 
 
 def _linear_weights(model: ModelSpec, ffn: int, t: int, attention: bool = True) -> int:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from simulator.cost import Group
 from simulator.graph.layers import CollectiveKind, CollectiveOp, Op, OpKind
-from simulator.graph.parameters import stage_expert_parameters, stage_parameters
+from simulator.graph.parameters import stage_expert_parameters, stage_outer_parameters, stage_parameters
 from simulator.schedule.engine import PipelineWork, StageWork
 from simulator.schedule.timing import LayerTimes, Span, StageExtraTimes, layer_times
 from simulator.spec.layout import RankLayout
@@ -50,6 +50,18 @@ class OptimizerStep:
 
 
 @dataclass(frozen=True)
+class FsdpChunk:
+    """Megatron-FSDP's collectives around one micro-batch's steps of a model chunk: the forward's gathers, of
+    which ``first_s`` come before any compute can start, and the backward's gathers and reduce-scatters, of
+    which ``edges_s`` come before its first or after its last compute."""
+
+    forward_s: float
+    first_s: float
+    backward_s: float
+    edges_s: float
+
+
+@dataclass(frozen=True)
 class StageCommunication:
     """A stage's data-parallel work, per model chunk: gradient buckets and reduction, and under
     Megatron-FSDP the (gather, scatter) each micro-batch's steps wait on; and the optimizer step.
@@ -58,7 +70,7 @@ class StageCommunication:
 
     buckets: tuple[int, ...]
     reduce_s: tuple[float, ...]
-    fsdp_s: tuple[tuple[float, float], ...] | None
+    fsdp_s: tuple[FsdpChunk, ...] | None
     optimizer: OptimizerStep
     overlap_slowdown: float = 0.0  # the profile's: compute beside a collective runs this much slower
 
@@ -86,14 +98,14 @@ def stage_work(steps: StageSteps, comm: StageCommunication) -> StageWork:
     if comm.fsdp_s is not None:
         fwd, bwd = list(fwd), list(bwd)
         slow = comm.overlap_slowdown
-        for c, ((gather, scatter), nb) in enumerate(zip(comm.fsdp_s, comm.buckets)):
-            # The first unit's gather comes before any compute and the last unit's reduce-scatter after
-            # it; the rest overlaps compute, which runs slower beside it (the collectives take SMs and
-            # HBM bandwidth), and is exposed only where it outlasts the compute.
-            hidden_f = min(gather - gather / nb, fwd[c])
-            hidden_b = min(gather + scatter - (gather + scatter) / nb, bwd[c])
-            fwd[c] += max(gather / nb, gather - fwd[c]) + slow * hidden_f
-            bwd[c] += max((gather + scatter) / nb, gather + scatter - bwd[c]) + slow * hidden_b
+        for c, f in enumerate(comm.fsdp_s):
+            # What comes before the first compute or after the last is exposed; the rest overlaps compute,
+            # which runs slower beside it (the collectives take SMs and HBM bandwidth), and is exposed only
+            # where it outlasts the compute.
+            hidden_f = min(f.forward_s - f.first_s, fwd[c])
+            hidden_b = min(f.backward_s - f.edges_s, bwd[c])
+            fwd[c] += max(f.first_s, f.forward_s - fwd[c]) + slow * hidden_f
+            bwd[c] += max(f.edges_s, f.backward_s - bwd[c]) + slow * hidden_b
         fwd, bwd = tuple(fwd), tuple(bwd)
     return StageWork(fwd, bwd, comm.reduce_s, comm.optimizer.time_s(fwd[0]), steps.forward_host_wait_s,
                      steps.backward_host_wait_s, comm.buckets)
@@ -317,21 +329,8 @@ def stage_communication(job: Job, cost, s: int) -> StageCommunication:
     for c in range(v):
         nb = grad_buckets(job, chunk_params)
         if fsdp:
-            # Megatron-FSDP's units are the transformer layers (its adapter wraps with fsdp_unit_modules=
-            # [TransformerLayer]) and one root unit for the rest (embedding, output layer, final norm). It
-            # gathers each unit before it is used, forward and again backward, prefetching the next while
-            # one computes, and reduce-scatters each micro-batch's gradients unit by unit: the first gather
-            # and the last reduce-scatter and what compute cannot cover stay exposed (``stage_work``)
             nb = job.chunk_layers[s][c] + 1
-            gather = nb * (_dp_time(cost, job, CollectiveKind.all_gather,
-                                    (chunk_params - chunk_experts) * plan.gathered_param_bytes / nb)
-                           + _dp_time(cost, job, CollectiveKind.all_gather,
-                                      chunk_experts * plan.gathered_param_bytes / nb, expert=True))
-            scatter = nb * (_dp_time(cost, job, CollectiveKind.reduce_scatter,
-                                     (chunk_params - chunk_experts) * plan.grad_bytes / nb)
-                            + _dp_time(cost, job, CollectiveKind.reduce_scatter, chunk_experts * plan.grad_bytes / nb,
-                                       expert=True))
-            fsdp_s.append((gather, scatter))
+            fsdp_s.append(_fsdp_chunk(cost, job, s, c, stage_params, expert_params))
         r = 0.0 if fsdp else nb * (
             _dp_time(cost, job, grad_kind, (chunk_params - chunk_experts) * plan.grad_bytes / nb)
             + _dp_time(cost, job, grad_kind, chunk_experts * plan.grad_bytes / nb, expert=True))
@@ -350,6 +349,36 @@ def stage_communication(job: Job, cost, s: int) -> StageCommunication:
         buckets.append(nb)
     return StageCommunication(tuple(buckets), tuple(reduce), tuple(fsdp_s) if fsdp else None,
                               _optimizer_step(cost, job, stage_params, expert_params), cost.overlap_compute_slowdown)
+
+
+def _fsdp_chunk(cost, job: Job, s: int, c: int, stage_params: int, expert_params: int) -> FsdpChunk:
+    """Megatron-FSDP's units are the transformer layers (its adapter wraps with fsdp_unit_modules=
+    [TransformerLayer]) and one root unit for the rest: the embeddings, final norm and output layer, which
+    for a large vocabulary outweigh several layers (Llama 3 8B: 1.05B against 0.22B a layer). It gathers
+    each unit before it is used, prefetching the next while one computes, and reduce-scatters each
+    micro-batch's gradients unit by unit. So before the first compute of the forward come the root's gather
+    and the first layer's (issued as the root's forward starts, which is next to no compute); in the backward
+    the layers are gathered again (resharded after the forward; the root, needed at once, is taken to stay
+    gathered), the last layer's gather comes before any compute, and the first layer's and the root's
+    reduce-scatters after all of it (the embedding's gradient is the last to be ready)."""
+    plan = job.plan
+    before, after = stage_outer_parameters(job, s)
+    layers, stage_layers = job.chunk_layers[s][c], job.layers_per_stage[s]
+    root = (before if c == 0 else 0) + (after if c == plan.virtual_pipeline_stages - 1 else 0)
+    dense = (stage_params - expert_params - before - after) / max(stage_layers, 1)
+    experts = expert_params / max(stage_layers, 1)
+
+    def unit(kind: CollectiveKind, bytes_per_param: int, n_dense: float, n_experts: float) -> float:
+        return (_dp_time(cost, job, kind, n_dense * bytes_per_param)
+                + _dp_time(cost, job, kind, n_experts * bytes_per_param, expert=True))
+
+    ag, rs = CollectiveKind.all_gather, CollectiveKind.reduce_scatter
+    gather, scatter = unit(ag, plan.gathered_param_bytes, dense, experts), unit(rs, plan.grad_bytes, dense, experts)
+    root_gather, root_scatter = unit(ag, plan.gathered_param_bytes, root, 0), unit(rs, plan.grad_bytes, root, 0)
+    edge_gather, edge_scatter = (gather, scatter) if layers else (0.0, 0.0)
+    return FsdpChunk(forward_s=layers * gather + root_gather, first_s=root_gather + edge_gather,
+                     backward_s=layers * (gather + scatter) + root_scatter,
+                     edges_s=edge_gather + edge_scatter + root_scatter)
 
 
 def _stage_work(job: Job, cost, layers: dict[bool, LayerTimes], ext: StageExtraTimes, s: int) -> StageWork:

@@ -166,3 +166,40 @@ def test_an_estimate_with_a_number_that_is_not_finite_is_never_made_nor_printed(
     render(j, est)  # a finite answer prints
     with pytest.raises(AssertionError, match="not finite"):
         render(j, est.model_copy(update={"iteration_time_s_high": value}))
+
+
+@pytest.mark.parametrize("pp,vpp", [(1, 1), (2, 1), (4, 2)])
+@pytest.mark.parametrize("vocab", [32768, 262144])
+def test_megatron_fsdp_exposes_the_root_unit_and_one_layer_at_each_end(pp, vpp, vocab):
+    """Megatron-FSDP gathers the root unit (embeddings, output layer) and the first layer before any forward
+    compute, and reduce-scatters the first layer's and the root's gradients after all the backward: a chunk
+    that holds no root exposes one layer's collectives, one that holds it exposes more the larger the
+    vocabulary; what is exposed never exceeds what runs."""
+    from simulator.cost import CostModel
+    from simulator.cost.profile import default_profile
+    from simulator.schedule.stage_work import stage_communication
+
+    model = PRESETS["llama3-8b"].model_copy(update={"vocab_size": vocab})
+    plan = ParallelPlan(data_parallel_size=16 // pp, pipeline_parallel_size=pp, virtual_pipeline_stages=vpp,
+                        global_batch_size=64, data_parallel_sharding_strategy="optim_grads_params")
+    j = Job(model=model, cluster=CLUSTER, plan=plan)
+    cost = CostModel(CLUSTER, default_profile(CLUSTER.gpu.name), plan.precision)
+    for s in range(pp):
+        chunks = stage_communication(j, cost, s).fsdp_s
+        for c, f in enumerate(chunks):
+            layers = j.chunk_layers[s][c]
+            assert 0 < f.first_s <= f.forward_s and 0 < f.edges_s <= f.backward_s
+            if (s, c) not in ((0, 0), (pp - 1, vpp - 1)):
+                assert f.first_s == pytest.approx(f.forward_s / layers, rel=1e-9)
+                continue
+            # forward_s = layers x layer + root and first_s = root + layer: the root's gather
+            root = (f.first_s * layers - f.forward_s) / (layers - 1)
+            assert root > 0 and f.first_s > f.forward_s / layers
+            if vocab == 262144:  # 1.07B parameters a word table against 0.22B a layer
+                assert root > 2 * (f.forward_s - root) / layers
+    if pp == 1:
+        small = stage_communication(j.model_copy(update={"model": model.model_copy(update={"vocab_size": 32768})}),
+                                    cost, 0).fsdp_s[0]
+        big = stage_communication(j.model_copy(update={"model": model.model_copy(update={"vocab_size": 262144})}),
+                                  cost, 0).fsdp_s[0]
+        assert big.first_s > 2 * small.first_s and big.edges_s > small.edges_s
