@@ -464,15 +464,17 @@ def hopper_attention_fit(kernel: str):
                               "Figs. 5-6)")
 
 
+# a fitted kernel's sequence and head-size terms, each ranging from no effect up to twice its fitted value
+SIZE_TERMS = ("seq_half", "backward_seq_half", "head_dim_half", "backward_head_dim_half")
+
+
 def _hopper_kernel(kernel: str, faster: str, why_faster: str) -> AttentionParams:
     """A Hopper kernel at its fitted fractions of peak (the same on H200: its tensor peak is H100's), with each
     efficiency's range up to ``faster``'s, the kernel the same backend runs where ``why_faster`` holds."""
     fit, fast = hopper_attention_fit(kernel), hopper_attention_fit(faster)
     name, fast_name = HOPPER_KERNELS[kernel], HOPPER_KERNELS[faster]
     p = fit.params
-    ranges = {"launch_overhead_s": LAUNCH_RANGE,
-              **{k: (0.0, 2 * p[k]) for k in ("seq_half", "backward_seq_half", "head_dim_half",
-                                              "backward_head_dim_half")}}
+    ranges = {"launch_overhead_s": LAUNCH_RANGE, **{k: (0.0, 2 * p[k]) for k in SIZE_TERMS}}
     sources = {"launch_overhead_s": LAUNCH_SOURCE}
     for phase, prefix in (("forward", ""), ("backward", "backward_")):
         sources[f"{prefix}seq_half"] = (f"fitted with the efficiencies to {name}'s {phase} from 512 to 16k tokens; "

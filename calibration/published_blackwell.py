@@ -93,8 +93,7 @@ def adapt(profile: HardwareProfile, gpu: GpuSpec, measured: dict) -> HardwarePro
 
 
 # FA3's shape terms, which Blackwell's kernel takes as they are (FA4 was timed against FA3 on one shape)
-SHAPE_TERMS = ("seq_half", "backward_seq_half", "head_dim_half", "backward_head_dim_half", "causal_efficiency",
-               "causal_seq_half")
+SHAPE_TERMS = bp.SIZE_TERMS + ("causal_efficiency", "causal_seq_half")
 
 
 def _attention(gpu: GpuSpec) -> AttentionParams:
@@ -113,7 +112,7 @@ def _attention(gpu: GpuSpec) -> AttentionParams:
     return AttentionParams(
         forward_efficiency=fwd, backward_efficiency=bwd, launch_overhead_s=f3["launch_overhead_s"],
         **{k: f3[k] for k in SHAPE_TERMS},
-        ranges={"launch_overhead_s": bp.LAUNCH_RANGE, **{k: (0.0, 2 * f3[k]) for k in SHAPE_TERMS[:4]},
+        ranges={"launch_overhead_s": bp.LAUNCH_RANGE, **{k: (0.0, 2 * f3[k]) for k in bp.SIZE_TERMS},
                 **bp.causal_ranges(f3),
                 "forward_efficiency": (fwd * slow, f3["forward_efficiency"] * high),
                 "backward_efficiency": (bwd * slow, f3["backward_efficiency"] * high)},

@@ -34,17 +34,21 @@ def causal_factor(p: AttentionParams, seq, causal):
     return np.where(np.asarray(causal, dtype=bool), masked, 1.0)
 
 
+def _by_phase(backward, forward_value, backward_value):
+    """A term for each phase: the backward's own where the profile has one, else the forward's."""
+    return forward_value if backward_value is None else np.where(backward, backward_value, forward_value)
+
+
 def attention_efficiency(p: AttentionParams, seq, backward, head_dim, causal):
     backward = np.asarray(backward, dtype=bool)
     base = np.where(backward, p.backward_efficiency, p.forward_efficiency)
     seq = np.asarray(seq, dtype=float)
-    half = p.seq_half if p.backward_seq_half is None else np.where(backward, p.backward_seq_half, p.seq_half)
+    half = _by_phase(backward, p.seq_half, p.backward_seq_half)
     eff = base * seq / (seq + half) * causal_factor(p, seq, causal)
     if not p.head_dim_half:
         return eff
     d = np.asarray(head_dim, dtype=float)
-    half = p.head_dim_half if p.backward_head_dim_half is None else np.where(backward, p.backward_head_dim_half,
-                                                                             p.head_dim_half)
+    half = _by_phase(backward, p.head_dim_half, p.backward_head_dim_half)
     return eff * (d / (d + half)) * ((REFERENCE_HEAD_DIM + half) / REFERENCE_HEAD_DIM)
 
 

@@ -201,10 +201,7 @@ def fit_attention(points: Sequence[Sequence], peak_flops: float, *, fixed: dict 
     free = [p for p in start if p not in fixed]
 
     def residuals(x):
-        p = AttentionParams.model_construct(**{"head_dim_half": None, "causal_efficiency": None,
-                                               "causal_seq_half": None, "backward_seq_half": None,
-                                               "backward_head_dim_half": None, **start, **fixed,
-                                               **x})
+        p = AttentionParams.model_construct(**{**start, **fixed, **x})  # a term not fitted keeps its default: none
         return attention_time_s(p, peak_flops, flops, seq, backward, d, causal) / t - 1.0
 
     x, _ = _least_squares(residuals, free, start, lower, upper) if free else ({}, 0.0)
