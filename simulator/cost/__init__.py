@@ -12,7 +12,7 @@ May import: ``spec``, ``graph``.
 
 from __future__ import annotations
 
-from simulator.cost.attention import attention_forward_flops, attention_time_s
+from simulator.cost.attention import attention_time_s
 from simulator.cost.collectives import CollectiveModel, Group
 from simulator.cost.elementwise import elementwise_time_s
 from simulator.cost.gemm import gemm_efficiency, gemm_time_s
@@ -112,8 +112,7 @@ class CostModel:
                     if op.bytes_moved else 0.0)
         if op.kind is OpKind.flash_attention:
             assert op.attention is not None, op.name
-            bh, seq, d, causal = op.attention
-            backward = op.flops > 1.5 * attention_forward_flops(bh, seq, d, causal)  # the backward is 2.5x the forward
+            _, seq, d, causal, backward = op.attention
             return float(attention_time_s(p.attention_for(op.kernel), self.peak_flops, op.flops, seq, backward, d,
                                           causal))
         if op.kind is OpKind.collective:

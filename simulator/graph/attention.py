@@ -43,7 +43,7 @@ class FlashAttention(Module):
                  SavedTensor("v", kv, dm.ab, region_input=True),
                  SavedTensor("attention.logsumexp", dm.b * dm.a * dm.s, FP32_BYTES))
         g.add(Op("attention", OpKind.flash_attention, flops=self.flops, saves=saves, region=CORE_ATTENTION,
-                 attention=(dm.b * dm.a, dm.s, dm.d, True), kernel=self.backend))
+                 attention=(dm.b * dm.a, dm.s, dm.d, True, False), kernel=self.backend))
 
     @property
     def flops(self) -> float:
@@ -53,7 +53,7 @@ class FlashAttention(Module):
     def backward(self, g: GraphBuilder, after: str) -> str:
         dm = self.dm
         return g.add(Op("attention.backward", OpKind.flash_attention, flops=2.5 * self.flops, region=CORE_ATTENTION,
-                        attention=(dm.b * dm.a, dm.s, dm.d, True), kernel=self.backend), after=(after,))
+                        attention=(dm.b * dm.a, dm.s, dm.d, True, True), kernel=self.backend), after=(after,))
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,10 @@ class ContextParallelAttention(Module):
 
     ``p2p`` (ring attention): the cp blocks of keys and values travel around the CP group; block i's
     attention runs while block i + 1 arrives, and the backward passes the key/value gradients along too.
+    Only a rank's own block sits on the diagonal and runs under the causal mask; with two load-balanced
+    chunks per rank, every other block is half a square the mask leaves whole (all of the rank's queries
+    against the first half of the visiting keys, or its second half of queries against all of them), so
+    it runs as an unmasked kernel over the executed half (Transformer Engine's ring attention).
     ``a2a`` (Ulysses): all-to-alls turn the sequence split into a head split and back, and attention runs
     over the whole sequence for a / cp heads. ``allgather``: keys and values are all-gathered, their
     gradients reduce-scattered. Each keeps what flash attention keeps, for its own tokens.
@@ -80,10 +84,11 @@ class ContextParallelAttention(Module):
     def _kv_bytes(self) -> int:
         return 2 * self.dm.tokens * self.dm.kv * self.dm.ab  # this rank's keys and values
 
-    def _attention(self, name: str, flops: float, seq: int, saves=()) -> Op:
+    def _attention(self, name: str, flops: float, seq: int, saves=(), *, backward: bool = False,
+                   causal: bool = True) -> Op:
         dm = self.dm
         return Op(name, OpKind.flash_attention, flops=flops, saves=tuple(saves), region=CORE_ATTENTION,
-                  attention=(dm.b * dm.a, seq, dm.d, True), kernel=self.backend)
+                  attention=(dm.b * dm.a, seq, dm.d, causal, backward), kernel=self.backend)
 
     def _comm(self, name: str, kind: CollectiveKind, nbytes: int):
         # inside the core-attention region: selective recompute replays the attention, and with it the
@@ -97,7 +102,7 @@ class ContextParallelAttention(Module):
                  SavedTensor("v", kv, dm.ab, region_input=True),
                  SavedTensor("attention.logsumexp", dm.b * dm.a * dm.s // dm.cp, FP32_BYTES))
         if self.comm == "p2p":
-            self._ring(g, "attention", 1.0, self._kv_bytes(), saves)
+            self._ring(g, "attention", False, self._kv_bytes(), saves)
         elif self.comm == "a2a":
             g.add(self._comm("attention.a2a_qkv", CollectiveKind.all_to_all, dm.tokens * (dm.a * dm.d + 2 * dm.kv) * dm.ab))
             g.add(self._attention("attention", self._flops, dm.s, saves))
@@ -106,18 +111,19 @@ class ContextParallelAttention(Module):
             g.add(self._comm("attention.kv_all_gather", CollectiveKind.all_gather, self._kv_bytes() * dm.cp))
             g.add(self._attention("attention", self._flops, dm.s // dm.cp, saves))
 
-    def _ring(self, g: GraphBuilder, name: str, scale: float, block_bytes: int, saves=(),
+    def _ring(self, g: GraphBuilder, name: str, backward: bool, block_bytes: int, saves=(),
               after: str | None = None) -> str:
         """cp attention blocks, each after the previous one and after its keys and values arrived; the
-        exchange that brings block i + 1 runs beside block i."""
+        exchange that brings block i + 1 runs beside block i. Block 0, the rank's own, is the diagonal."""
         start = after if after is not None else g.last
         first = (start,) if start is not None else ()
-        per_block = scale * self._flops / self.dm.cp
+        per_block = (2.5 if backward else 1.0) * self._flops / self.dm.cp
         compute = exchange = None
         for i in range(self.dm.cp):
             deps = first if i == 0 else tuple(d for d in (compute, exchange) if d is not None)
             compute = g.add(self._attention(f"{name}.block{i}", per_block, self.dm.s // self.dm.cp,
-                                            saves if i == 0 else ()), after=deps)
+                                            saves if i == 0 else (), backward=backward, causal=i == 0),
+                            after=deps)
             if i < self.dm.cp - 1:
                 exchange = g.add(self._comm(f"{name}.kv_exchange{i}", CollectiveKind.send_recv, block_bytes),
                                  after=(exchange,) if exchange else first)
@@ -127,16 +133,16 @@ class ContextParallelAttention(Module):
     def backward(self, g: GraphBuilder, after: str) -> str:
         dm = self.dm
         if self.comm == "p2p":  # keys and values travel again, with their gradients
-            return self._ring(g, "attention.backward", 2.5, 2 * self._kv_bytes(), after=after)
+            return self._ring(g, "attention.backward", True, 2 * self._kv_bytes(), after=after)
         if self.comm == "a2a":
             g.add(self._comm("attention.backward.a2a_out", CollectiveKind.all_to_all, dm.tokens * dm.a * dm.d * dm.ab),
                   after=(after,))
-            g.add(self._attention("attention.backward", 2.5 * self._flops, dm.s))
+            g.add(self._attention("attention.backward", 2.5 * self._flops, dm.s, backward=True))
             return g.add(self._comm("attention.backward.a2a_qkv", CollectiveKind.all_to_all,
                                     dm.tokens * (dm.a * dm.d + 2 * dm.kv) * dm.ab))
         g.add(self._comm("attention.backward.kv_all_gather", CollectiveKind.all_gather, self._kv_bytes() * dm.cp),
               after=(after,))
-        g.add(self._attention("attention.backward", 2.5 * self._flops, dm.s // dm.cp))
+        g.add(self._attention("attention.backward", 2.5 * self._flops, dm.s // dm.cp, backward=True))
         return g.add(self._comm("attention.backward.kv_reduce_scatter", CollectiveKind.reduce_scatter,
                                 self._kv_bytes() * dm.cp))
 

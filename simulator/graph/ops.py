@@ -88,8 +88,8 @@ class Op:
     collective: CollectiveOp | None = None
     saves: tuple[SavedTensor, ...] = ()
     region: str = ""
-    # flash attention: (batch x heads, sequence, head size, causal) for the attention cost model
-    attention: tuple[int, int, int, bool] | None = None
+    # flash attention: (batch x heads, sequence, head size, causal, backward) for the attention cost model
+    attention: tuple[int, int, int, bool, bool] | None = None
     # memory-bound ops: the calibration's kernel class (layer_norm, dropout, ...); fused attention: the
     # --attention-backend that picks its kernel (auto, flash, fused)
     kernel: str = ""

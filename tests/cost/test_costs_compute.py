@@ -150,8 +150,9 @@ def test_elementwise_time_grows_linearly_in_bytes():
 def test_flash_attention_backward_is_slower_per_flop_than_forward():
     bh, s, d = 32, 2048, 128
     fwd = attention_forward_flops(bh, s, d, True)
-    t_f = COST.op_time_s(Op("a", OpKind.flash_attention, flops=fwd, attention=(bh, s, d, True)))
-    t_b = COST.op_time_s(Op("a.backward", OpKind.flash_attention, flops=2.5 * fwd, attention=(bh, s, d, True)))
+    t_f = COST.op_time_s(Op("a", OpKind.flash_attention, flops=fwd, attention=(bh, s, d, True, False)))
+    t_b = COST.op_time_s(Op("a.backward", OpKind.flash_attention, flops=2.5 * fwd,
+                             attention=(bh, s, d, True, True)))
     assert t_b / t_f == pytest.approx(2.5 * A100.attention.forward_efficiency / A100.attention.backward_efficiency,
                                       rel=0.02)
     assert fwd / t_f / 312e12 <= 0.73  # never above FA2's published forward maximum
@@ -161,7 +162,7 @@ def _attention_s(cost, backend: str, seq: int, backward: bool) -> float:
     bh, d = (16384 // seq) * 16, 128  # the FA papers' benchmark: 16k tokens a batch, 16 heads of 128
     fwd = attention_forward_flops(bh, seq, d, True)
     return cost.op_time_s(Op("a", OpKind.flash_attention, flops=2.5 * fwd if backward else fwd,
-                             attention=(bh, seq, d, True), kernel=backend))
+                             attention=(bh, seq, d, True, backward), kernel=backend))
 
 
 @pytest.mark.parametrize("cluster", ["dgx-h100", "dgx-h200"])
@@ -204,7 +205,7 @@ def test_hopper_kernels_run_at_the_fa3_papers_measured_rates(kernel, backend):
                 bh = (16384 // seq) * (2048 // d)
                 fwd = attention_forward_flops(bh, seq, d, causal)
                 t = cost.op_time_s(Op("a", OpKind.flash_attention, flops=2.5 * fwd if backward else fwd,
-                                      attention=(bh, seq, d, causal), kernel=backend)) * sustained
+                                      attention=(bh, seq, d, causal, backward), kernel=backend)) * sustained
                 assert (2.5 * fwd if backward else fwd) / t / 1e12 == pytest.approx(tflops, rel=0.10), (d, curve, seq)
 
 

@@ -78,6 +78,23 @@ def test_selective_recompute_under_context_parallelism_replays_the_exchanges_wit
     assert forward and [o.collective for o in replayed] == [o.collective for o in forward]
 
 
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_ring_attention_masks_only_the_diagonal_block_and_executes_the_causal_share(cp):
+    """Under ring attention a rank's own block is the only one the causal mask cuts through; the blocks that
+    visit are half squares run whole. Forward and backward each execute this rank's share of the causal
+    product (the backward 2.5x), and each op says which phase it is, so its cost reads that phase's terms."""
+    dm_s, a, d = GPT3.seq_length, GPT3.num_attention_heads // 8, GPT3.hidden_size // GPT3.num_attention_heads
+    layer = transformer_layer(GPT3, plan(context_parallel_size=cp, cp_comm_type="p2p", attention_backend="auto",
+                                         data_parallel_size=1))
+    causal_share = 4.0 * a * dm_s * dm_s * d / 2 / cp  # micro-batch 1, this TP rank's heads
+    for graph, backward, scale in ((layer.forward, False, 1.0), (layer.backward, True, 2.5)):
+        blocks = [o for o in ordered_ops(graph) if o.kind is OpKind.flash_attention]
+        assert len(blocks) == cp
+        assert [o.attention[3] for o in blocks] == [True] + [False] * (cp - 1)
+        assert {o.attention[4] for o in blocks} == {backward}
+        assert sum(o.flops for o in blocks) == pytest.approx(scale * causal_share, rel=1e-12)
+
+
 def _totals(graph) -> tuple[float, float, float]:
     o = ordered_ops(graph)
     return (sum(x.flops for x in o), sum(x.bytes_moved for x in o),
