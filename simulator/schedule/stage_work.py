@@ -34,7 +34,9 @@ class OptimizerStep:
     """A stage's optimizer step, apart from the first forward step its parameter gather may hide behind."""
 
     step_s: float  # the optimizer kernels
-    gather_s: float | None  # one bucket of the distributed optimizer's parameter all-gather (None: no gather)
+    # one bucket of the distributed optimizer's parameter all-gather; under Megatron-FSDP the root unit's gather,
+    # which stays gathered from the step's first forward to its end (None: no gather)
+    gather_s: float | None
     buckets: int
     overlap_param_gather: bool
     host_s: float | None  # the host's work once per iteration
@@ -220,11 +222,15 @@ def grad_buckets(job: Job, params: float) -> int:
     return max(1, math.ceil(params / size))
 
 
-def _optimizer_step(cost, job: Job, params: int, expert_params: int = 0) -> OptimizerStep:
+def _optimizer_step(cost, job: Job, params: int, expert_params: int = 0, root_params: int = 0) -> OptimizerStep:
     """The optimizer step; with the distributed optimizer, the all-gather of the updated bf16
     parameters, which ``overlap_param_gather`` issues bucket by bucket during the next forward: only
     the first bucket, and what the forward step cannot cover, stays exposed. Of ``params``,
-    ``expert_params`` are sharded and gathered over the expert-data-parallel group instead."""
+    ``expert_params`` are sharded and gathered over the expert-data-parallel group instead.
+
+    Megatron-FSDP gathers its units as they are used (``_fsdp_chunk``), except the root unit's
+    ``root_params``: gathered before the step's first forward computes anything and released only when the
+    step's gradients are synchronised, so once a step and exposed, as the next step's first gather."""
     plan = job.plan
     dense = params - expert_params
     shard = (dense / plan.gradient_group_size + expert_params / plan.expert_data_parallel_size
@@ -232,7 +238,10 @@ def _optimizer_step(cost, job: Job, params: int, expert_params: int = 0) -> Opti
     step_bytes = shard * optimizer_bytes_per_param(plan.precision)
     step = cost.op_time_s(Op("optimizer", OpKind.elementwise, bytes_moved=step_bytes, kernel="optimizer"))
     bucket, n = None, 1
-    if plan.shards_optimizer and plan.sharding is not DataParallelSharding.optim_grads_params:
+    if plan.sharding is DataParallelSharding.optim_grads_params:
+        bucket = _dp_time(cost, job, CollectiveKind.all_gather, root_params * plan.gathered_param_bytes)
+        return OptimizerStep(step, bucket, 1, False, cost.host.iteration_s if cost.host is not None else None)
+    if plan.shards_optimizer:
         n = grad_buckets(job, params) if plan.overlap_param_gather else 1
         ab = plan.gathered_param_bytes
         bucket = (_dp_time(cost, job, CollectiveKind.all_gather, dense * ab / n)
@@ -347,20 +356,24 @@ def stage_communication(job: Job, cost, s: int) -> StageCommunication:
                                         Group(size=plan.tensor_parallel_size, stride=1))
         reduce.append(r)
         buckets.append(nb)
+    root = sum(stage_outer_parameters(job, s)) if fsdp else 0
     return StageCommunication(tuple(buckets), tuple(reduce), tuple(fsdp_s) if fsdp else None,
-                              _optimizer_step(cost, job, stage_params, expert_params), cost.overlap_compute_slowdown)
+                              _optimizer_step(cost, job, stage_params, expert_params, root),
+                              cost.overlap_compute_slowdown)
 
 
 def _fsdp_chunk(cost, job: Job, s: int, c: int, stage_params: int, expert_params: int) -> FsdpChunk:
     """Megatron-FSDP's units are the transformer layers (its adapter wraps with fsdp_unit_modules=
     [TransformerLayer]) and one root unit for the rest: the embeddings, final norm and output layer, which
     for a large vocabulary outweigh several layers (Llama 3 8B: 1.05B against 0.22B a layer). It gathers
-    each unit before it is used, prefetching the next while one computes, and reduce-scatters each
-    micro-batch's gradients unit by unit. So before the first compute of the forward come the root's gather
-    and the first layer's (issued as the root's forward starts, which is next to no compute); in the backward
-    the layers are gathered again (resharded after the forward; the root, needed at once, is taken to stay
-    gathered), the last layer's gather comes before any compute, and the first layer's and the root's
-    reduce-scatters after all of it (the embedding's gradient is the last to be ready)."""
+    each layer before it is used, prefetching the next while one computes, releases it after its forward
+    and again after its backward, and reduce-scatters each micro-batch's gradients unit by unit. The root
+    is released only when the step's gradients are synchronised (``finish_grad_sync``), so its gather is
+    the step's, not a micro-batch's (``_optimizer_step``). So before a micro-batch's first compute comes the
+    first layer's gather (issued as the root's forward starts, which is next to no compute); in the
+    backward the last layer's gather comes before any compute (it is issued from that layer's output
+    gradient, after the output layer's backward), and the first layer's and the root's reduce-scatters
+    after all of it (the root's bucket waits for its last gradient, the embedding's)."""
     plan = job.plan
     before, after = stage_outer_parameters(job, s)
     layers, stage_layers = job.chunk_layers[s][c], job.layers_per_stage[s]
@@ -374,9 +387,9 @@ def _fsdp_chunk(cost, job: Job, s: int, c: int, stage_params: int, expert_params
 
     ag, rs = CollectiveKind.all_gather, CollectiveKind.reduce_scatter
     gather, scatter = unit(ag, plan.gathered_param_bytes, dense, experts), unit(rs, plan.grad_bytes, dense, experts)
-    root_gather, root_scatter = unit(ag, plan.gathered_param_bytes, root, 0), unit(rs, plan.grad_bytes, root, 0)
+    root_scatter = unit(rs, plan.grad_bytes, root, 0)
     edge_gather, edge_scatter = (gather, scatter) if layers else (0.0, 0.0)
-    return FsdpChunk(forward_s=layers * gather + root_gather, first_s=root_gather + edge_gather,
+    return FsdpChunk(forward_s=layers * gather, first_s=edge_gather,
                      backward_s=layers * (gather + scatter) + root_scatter,
                      edges_s=edge_gather + edge_scatter + root_scatter)
 
