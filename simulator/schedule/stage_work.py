@@ -240,8 +240,7 @@ def _optimizer_step(cost, job: Job, params: int, expert_params: int = 0, root_pa
     bucket, n = None, 1
     if plan.sharding is DataParallelSharding.optim_grads_params:
         bucket = _dp_time(cost, job, CollectiveKind.all_gather, root_params * plan.gathered_param_bytes)
-        return OptimizerStep(step, bucket, 1, False, cost.host.iteration_s if cost.host is not None else None)
-    if plan.shards_optimizer:
+    elif plan.shards_optimizer:
         n = grad_buckets(job, params) if plan.overlap_param_gather else 1
         ab = plan.gathered_param_bytes
         bucket = (_dp_time(cost, job, CollectiveKind.all_gather, dense * ab / n)
