@@ -20,12 +20,20 @@ The GB200 of an NVL72 rack has no microbenchmark of its own: it takes the B200's
 
 from __future__ import annotations
 
-from calibration import build_published_profiles as bp
+from calibration.published_attention import SIZE_TERMS, causal_ranges, hopper_attention_fit
+from calibration.published_data import (
+    LAUNCH_RANGE,
+    LAUNCH_SOURCE,
+    MD,
+    NCCL_NVLINK_LL_STEP_US,
+    NCCL_NVLINK_SIMPLE_US,
+    NCCL_RING_LL_BASE_US,
+    NCCL_SIMPLE_BASE_US,
+)
 from simulator.cost.profile import AttentionParams, HardwareProfile, LinkParams
 from simulator.measure.fitting import fit_achieved_fraction, fit_collective, measured_ramp
 from simulator.spec.hardware import GpuSpec, load_gpu
 
-MD = bp.MD
 B200 = "B200-SXM-180GB"
 GB200 = "GB200-186GB"
 H200 = "H200-SXM-141GB"
@@ -93,14 +101,14 @@ def adapt(profile: HardwareProfile, gpu: GpuSpec, measured: dict) -> HardwarePro
 
 
 # FA3's shape terms, which Blackwell's kernel takes as they are (FA4 was timed against FA3 on one shape)
-SHAPE_TERMS = bp.SIZE_TERMS + ("causal_efficiency", "causal_seq_half")
+SHAPE_TERMS = SIZE_TERMS + ("causal_efficiency", "causal_seq_half")
 
 
 def _attention(gpu: GpuSpec) -> AttentionParams:
     """FA3's efficiencies on Hopper (H200's tensor peak is H100's), times FA4's speedup on B200 at the B200's
     peak: the same fraction of peak on GB200. Every backend runs it: no other kernel was measured on Blackwell."""
     h200 = load_gpu(H200)
-    fa3 = bp.hopper_attention_fit("fa3")
+    fa3 = hopper_attention_fit("fa3")
     f3 = fa3.params
     b200_peak = load_gpu(B200).peak_tflops.bf16
     low, high = (s * h200.peak_tflops.bf16 / b200_peak for s in FA4_SPEEDUP)
@@ -112,8 +120,8 @@ def _attention(gpu: GpuSpec) -> AttentionParams:
     return AttentionParams(
         forward_efficiency=fwd, backward_efficiency=bwd, launch_overhead_s=f3["launch_overhead_s"],
         **{k: f3[k] for k in SHAPE_TERMS},
-        ranges={"launch_overhead_s": bp.LAUNCH_RANGE, **{k: (0.0, 2 * f3[k]) for k in bp.SIZE_TERMS},
-                **bp.causal_ranges(f3),
+        ranges={"launch_overhead_s": LAUNCH_RANGE, **{k: (0.0, 2 * f3[k]) for k in SIZE_TERMS},
+                **causal_ranges(f3),
                 "forward_efficiency": (fwd * slow, f3["forward_efficiency"] * high),
                 "backward_efficiency": (bwd * slow, f3["backward_efficiency"] * high)},
         sources={
@@ -128,14 +136,14 @@ def _attention(gpu: GpuSpec) -> AttentionParams:
                for k in SHAPE_TERMS if k != "causal_efficiency"},
             "causal_efficiency": ("not pinned on Blackwell: FA3's on Hopper (FA3 paper Fig. 5), the causal backward "
                                   "taken to lose as the forward; range up to no loss beyond the skipped half"),
-            "launch_overhead_s": bp.LAUNCH_SOURCE,
+            "launch_overhead_s": LAUNCH_SOURCE,
         },
         fits=(fa3.record,))
 
 
 def _nvlink(gpu: GpuSpec, measured: dict) -> LinkParams:
     """NVLink 5 from the 8x B200 all-reduce sweep and its ring at 8 GiB; a GB200's NVLink is the same link."""
-    ring_latency_s = (bp.NCCL_RING_LL_BASE_US + 2 * 7 * bp.NCCL_NVLINK_LL_STEP_US) * 1e-6
+    ring_latency_s = (NCCL_RING_LL_BASE_US + 2 * 7 * NCCL_NVLINK_LL_STEP_US) * 1e-6
     sweep = [(s, one_node) for s, one_node, _ in measured["b200_4node_allreduce_curve"]["curve"]]
     values = measured["b200_8gpu_allreduce"]["values"]
     fit = fit_collective(sweep, 8, metric="busbw_gbps", latency_s=ring_latency_s,
@@ -151,7 +159,7 @@ def _nvlink(gpu: GpuSpec, measured: dict) -> LinkParams:
         half_size_bytes=fit.params["half_size_bytes"], ramp_exponent=fit.params["ramp_exponent"],
         ramp_curve=ramp_curve, nvls_max_busbw_gbps=max(best_nvls, values["8GiB_NVLS"]),
         p2p_bandwidth_gbps=p2p.params["achieved_fraction"] * line,
-        p2p_latency_s=(bp.NCCL_SIMPLE_BASE_US + bp.NCCL_NVLINK_SIMPLE_US) * 1e-6,
+        p2p_latency_s=(NCCL_SIMPLE_BASE_US + NCCL_NVLINK_SIMPLE_US) * 1e-6,
         ranges={"p2p_bandwidth_gbps": (371 / 450 * line, 396.4 / 450 * line)},
         sources={
             "latency_s": ("NCCL 2.30.7's latency model for an 8-GPU LL ring: baseLat 6.6 us + 14 steps x 0.6 us "

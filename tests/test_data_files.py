@@ -11,7 +11,8 @@ from typing import Any, Callable
 
 import pytest
 
-from calibration.build_published_profiles import _host, _measured
+from calibration.build_published_profiles import _host
+from calibration.published_data import measured_rows
 from simulator.cost.profile import load_profile
 from simulator.measure.calibrate import read_raw
 from simulator.measure.datasets import REGISTRY, _vtrain_rows, vtrain_job
@@ -45,7 +46,7 @@ READERS: list[tuple[str, Callable[[Path], Any]]] = [
     ("hardware_specs/economics/*.yaml", lambda p: load_economics(str(p))),
     ("calibration/profiles/*.json", load_profile),
     ("calibration/reference/*.yaml", lambda p: load_model(str(p))),
-    ("calibration/published/hardware.json", lambda p: _measured()),
+    ("calibration/published/hardware.json", lambda p: measured_rows()),
     ("calibration/published/host_overhead_fit.json", lambda p: _host()),
     ("calibration/published/korthikanti2022.json", _data_set("korthikanti2022")),
     # building the jobs of all 1,440 rows takes seconds: every row, and the jobs of the first few
@@ -65,7 +66,7 @@ READERS: list[tuple[str, Callable[[Path], Any]]] = [
 
 
 def _nccl_table(path: Path) -> Any:
-    from calibration.build_published_profiles import vtrain_nccl_rows
+    from calibration.published_links import vtrain_nccl_rows
 
     rows = vtrain_nccl_rows(path)
     assert rows and all(size > 0 and t > 0 for size, t in rows)

@@ -63,7 +63,8 @@ def test_in_node_all_reduce_of_2_to_8_gpus_is_the_measured_table_of_its_rank_cou
     """vTrain's nccl-tests tables (1 MiB-1 GiB in 1 MiB steps, per GPU count): every measured size that the
     profile keeps is given within the rows' own scatter (the median of its neighbours), for every rank
     count, and at any stride inside the node (NVSwitch is uniform)."""
-    from calibration.build_published_profiles import VTRAIN_NCCL, vtrain_nccl_rows
+    from calibration.published_data import VTRAIN_NCCL
+    from calibration.published_links import vtrain_nccl_rows
 
     for ranks in range(2, 9):
         rows = dict(vtrain_nccl_rows(VTRAIN_NCCL / f"allreduce_{ranks}gpu.csv"))
@@ -117,7 +118,7 @@ FOUR_HDR = build_cost_model(load_cluster("a100-80gb-4x-hdr"), load_profile("a100
 def test_inter_node_sweep_mean_and_peak_come_out_as_measured():
     # nccl-tests#119: all_reduce_perf -b 8 -e 128M (1 MiB steps) on 3 nodes x 8 A100, 4 HDR NICs each:
     # mean busbw 84.86 GB/s (what the network's ramp was solved for), peak 96.45 (not fitted).
-    from calibration.build_published_profiles import SWEEP_RANKS, SWEEP_SIZES
+    from calibration.published_links import SWEEP_RANKS, SWEEP_SIZES
 
     row = PUBLISHED["a100_3node_4hdr"]["values"]
     bw = [FOUR_HDR.busbw_gbps(K.all_reduce, size, Group(SWEEP_RANKS)) for size in SWEEP_SIZES]

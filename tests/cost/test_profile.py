@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from calibration.build_published_profiles import GPUS, build_profile
+from calibration.build_published_profiles import build_profile
+from calibration.published_data import GPUS
 from simulator.cost.profile import HardwareProfile, default_profile, load_profile, profile_names, save_profile
 from simulator.spec.errors import ProfileError
 from simulator.spec.hardware import load_gpu
