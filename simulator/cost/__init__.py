@@ -1,7 +1,7 @@
 """How long each op, collective and transfer takes: GEMMs (``gemm``), attention (``attention``),
 memory-bound kernels (``elementwise``), collectives over NVLink, NVSwitch and InfiniBand (``collectives``,
-``network``), tied together by ``CostModel`` over a ``HardwareProfile`` (``profile``: what the hardware
-achieves, measured or published) and the wait a jittery step adds (``jitter``).
+``network``), tied together by ``CostModel`` over a ``HardwareProfile`` (``profile``, its blocks in
+``profile_blocks``: what the hardware achieves, measured or published) and the wait a jittery step adds (``jitter``).
 
 ``build_cost_model(cluster, profile, precision)`` ties the hardware spec (peaks, SM count, links)
 to a ``HardwareProfile`` (what the hardware achieves) and returns a ``CostModel`` whose answers

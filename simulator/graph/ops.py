@@ -129,7 +129,7 @@ _KERNEL_CLASSES = (("softmax.mask", "masked_fill"), ("residual_grad_add", "bias_
 def kernel_class(name: str, mask: bool = True) -> str:
     """The kernel class of an elementwise op; a backward op (``<forward>.backward``) is its forward's class with
     ``_backward``, which a profile that did not time it costs as it did before it had its own (see
-    ``simulator.cost.profile.KERNEL_STAND_INS``)."""
+    ``simulator.cost.profile_blocks.KERNEL_STAND_INS``)."""
     if name.endswith(".backward"):
         return f"{kernel_class(name.removesuffix('.backward'), mask)}_backward"
     for key, kernel in _KERNEL_CLASSES:
