@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import numpy as np
 from scipy.optimize import least_squares
 
+from calibration import published_blackwell
 from calibration.published_attention import attention_block, attention_kernels
 from calibration.published_data import (
     GPUS,
@@ -430,7 +431,6 @@ def build_profile(gpu_name: str, host: bool = True) -> HardwareProfile:
     nic_gbps, tiles = GPUS[gpu.name]
     rows = measured_rows()
     if gpu.architecture == "blackwell":  # its own blocks where Blackwell was measured, Hopper's forms elsewhere
-        from calibration import published_blackwell
         rows = published_blackwell.rows(gpu, rows)
     gemm = _gemm(gpu, rows, tiles)
     sustained, sustained_source, sustained_range = _sustained_clock_fraction(gpu)
