@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.estimator.memory import MemoryPlan, memory_plan
+from simulator.estimator.regime import band_table
 from simulator.graph.layers import Stream
 from simulator.schedule import fast_engine
 from simulator.schedule.engine import EngineResult, simulate
@@ -109,7 +110,8 @@ class Estimate(BaseModel):
     outside_regime_reasons: tuple[str, ...] = Field(
         (), description="Why the plan lies outside every measured regime (the band is widened for it).")
     outside_validated_range: bool = Field(
-        False, description="MFU above the best published run on this GPU, or no published run on it at all.")
+        False, description="MFU above the best measured run on this GPU (its spec's best published run where the "
+                              "repository holds none measured), or no published run on it at all.")
     validation_note: str = Field("", description="Why the answer is outside the validated range, if it is.")
 
 
@@ -353,12 +355,16 @@ def _times_out(lt: LayerTimes) -> LayerTimesOut:
 
 
 def validation_note(job: Job, mfu: float) -> str:
-    """Why a prediction lies outside the range the model was checked in ('' when it does not)."""
+    """Why a prediction lies outside the range the model was checked in ('' when it does not). The ceiling is
+    the best MFU of the measured runs in the repository on this GPU, as the band's regime counts it (one number
+    wherever it is printed); a GPU without measured runs falls back on its spec's best published run."""
     gpu = job.cluster.gpu
-    if gpu.best_published_mfu is None:
+    measured = band_table()["gpus"].get(gpu.name)
+    best = measured["max_measured_mfu"] if measured is not None else gpu.best_published_mfu
+    if best is None:
         return (f"no published end-to-end run on {gpu.name} is in the repository, so this answer is not validated "
                 "end to end; calibrate and validate a run before trusting it")
-    if mfu > gpu.best_published_mfu:
-        return (f"MFU {mfu:.1%} is above the best published run on {gpu.name} ({gpu.best_published_mfu:.1%}): "
+    if mfu > best:
+        return (f"MFU {mfu:.1%} is above the best measured run on {gpu.name} ({best:.1%}): "
                 "outside the range the model was validated in")
     return ""

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator.estimator.band import band, estimate_with_band
-from simulator.estimator.prediction import estimate
+from simulator.estimator.prediction import estimate, validation_note
 from simulator.estimator.regime import OUTSIDE_WIDENING, band_table, regime_of
 from simulator.measure.datasets import vtrain_job
 from simulator.spec.catalog import PRESETS
@@ -142,3 +142,19 @@ def test_the_committed_band_file_is_what_the_fit_gives():
         assert fresh["gpus"][gpu]["max_measured_mfu"] == pytest.approx(g["max_measured_mfu"], rel=1e-6), gpu
     for a, b in zip(fresh["leave_one_set_out"], committed["leave_one_set_out"]):
         assert a["set"] == b["set"] and a["coverage_left_out"] == pytest.approx(b["coverage_left_out"], abs=1e-9)
+
+
+def test_the_validated_range_flag_and_the_regime_share_one_mfu_ceiling():
+    """`!` (the validation note) and the band's regime judge a plan's MFU against the same best measured MFU, so
+    a plan is flagged exactly when the regime counts its MFU past what was measured, and both print one number."""
+    ceiling = band_table()["gpus"][A100]["max_measured_mfu"]
+    gpt3 = Job(model=PRESETS["gpt3-175b"], cluster=load_cluster("dgx-a100-80gb"),
+               plan=ParallelPlan(tensor_parallel_size=8, pipeline_parallel_size=16, data_parallel_size=8,
+                                 virtual_pipeline_stages=6, sequence_parallel=True, micro_batch_size=4,
+                                 global_batch_size=1536))
+    for mfu in (ceiling * 0.9, ceiling * 1.1):
+        note = validation_note(gpt3, mfu)
+        past = any("above the best measured" in r for r in regime_of(gpt3, mfu).outside)
+        assert bool(note) == past == (mfu > ceiling)
+        if note:
+            assert f"({ceiling:.1%})" in note
