@@ -75,15 +75,8 @@ def launch_json(job, save_interval: int | None = None, async_save: bool = False)
     """The keys that say how to run the job: Megatron flags, environment and notes, the NeMo fragment and
     megatron-core's TransformerConfig / DistributedDataParallelConfig / GPTModel arguments."""
     from simulator.outputs.bridge import bridge_recipe
-    from simulator.outputs.export import (
-        ddp_config,
-        gpt_model_args,
-        megatron_args,
-        megatron_env,
-        megatron_notes,
-        nemo_yaml,
-        transformer_config,
-    )
+    from simulator.outputs.export import megatron_args, megatron_env, megatron_notes
+    from simulator.outputs.export_config import ddp_config, gpt_model_args, nemo_yaml, transformer_config
 
     return {"megatron_args": megatron_args(job, save_interval, async_save), "megatron_env": megatron_env(job),
             "megatron_notes": megatron_notes(job), "nemo_yaml": nemo_yaml(job),
@@ -92,7 +85,8 @@ def launch_json(job, save_interval: int | None = None, async_save: bool = False)
 
 
 def render_launch_text(job, save_interval: int | None = None, async_save: bool = False) -> str:
-    from simulator.outputs.export import nemo_yaml, render_launch
+    from simulator.outputs.export import render_launch
+    from simulator.outputs.export_config import nemo_yaml
 
     return "\nMegatron-LM launch:\n" + render_launch(job, save_interval=save_interval, async_save=async_save) + "\n\nNeMo config fragment:\n" + nemo_yaml(job)
 

@@ -17,15 +17,8 @@ from __future__ import annotations
 import pprint
 from typing import Any
 
-from simulator.outputs.export import (
-    ddp_config,
-    gpt_model_args,
-    megatron_notes,
-    node_shape,
-    transformer_config,
-    uses_megatron_fsdp,
-    vocab_multiple,
-)
+from simulator.outputs.export import megatron_notes, node_shape, uses_megatron_fsdp, vocab_multiple
+from simulator.outputs.export_config import ddp_config, gpt_model_args, transformer_config
 from simulator.spec.plan import Job, Precision
 
 _DTYPES = {"bfloat16": "torch.bfloat16", "float16": "torch.float16", "float32": "torch.float32"}

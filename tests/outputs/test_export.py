@@ -14,16 +14,12 @@ from megatron.core.transformer import TransformerConfig
 
 from simulator.cli.options import job_from_options
 from simulator.estimator.prediction import simulate_job
-from simulator.outputs.export import (
+from simulator.outputs.export import launch_lines, megatron_args, megatron_env, megatron_notes, node_shape
+from simulator.outputs.export_config import (
     ddp_config,
     gpt_model_args,
-    launch_lines,
-    megatron_args,
     megatron_core_kwargs,
-    megatron_env,
-    megatron_notes,
     nemo_yaml,
-    node_shape,
     transformer_config,
 )
 from simulator.planner.plan_search import SearchRequest, search

@@ -11,15 +11,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
 from simulator.cli.options import job_from_options
-from simulator.outputs.export import (
-    ddp_config,
-    gpt_model_args,
-    megatron_args,
-    megatron_core_kwargs,
-    megatron_notes,
-    node_shape,
-    transformer_config,
-)
+from simulator.outputs.export import megatron_args, megatron_notes, node_shape
+from simulator.outputs.export_config import ddp_config, gpt_model_args, megatron_core_kwargs, transformer_config
 
 NVL72 = dict(cluster="gb200-nvl72")
 PLANS = {  # each the best plan `simulator search` gives for its question (TP 16 pinned for the second)

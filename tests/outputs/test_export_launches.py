@@ -20,10 +20,10 @@ from megatron.core.transformer import TransformerConfig
 
 from simulator.cli.options import job_from_options
 from simulator.outputs.bridge import bridge_recipe, optimizer_kwargs
-from simulator.outputs.export import (
+from simulator.outputs.export import megatron_args
+from simulator.outputs.export_config import (
     ddp_config,
     gpt_model_args,
-    megatron_args,
     megatron_core_kwargs,
     nemo_yaml,
     transformer_config,

@@ -12,14 +12,8 @@ pytest.importorskip("megatron.core")
 from megatron.core.transformer import TransformerConfig  # noqa: E402
 
 from simulator.cli.options import job_from_options
-from simulator.outputs.export import (
-    layer_freq_pattern,
-    megatron_args,
-    megatron_core_kwargs,
-    megatron_notes,
-    nemo_yaml,
-    transformer_config,
-)
+from simulator.outputs.export import layer_freq_pattern, megatron_args, megatron_notes
+from simulator.outputs.export_config import megatron_core_kwargs, nemo_yaml, transformer_config
 from simulator.spec.catalog import PRESETS
 from simulator.spec.errors import ConfigError
 from simulator.spec.megatron_args import layer_freq, parse_launch, resolve
