@@ -28,7 +28,8 @@ import re
 from dataclasses import dataclass, field
 
 from simulator.spec.errors import ConfigError
-from simulator.spec.shell_words import _NAME, Part, Span, Word, _Shell, span_of, tokenize
+from simulator.spec.shell_expand import _Shell
+from simulator.spec.shell_words import _NAME, Part, Span, Word, span_of, tokenize
 
 _ASSIGN = re.compile(rf"^({_NAME})(\+?)=")
 _DECLARERS = {"export", "local", "declare", "typeset", "readonly"}
