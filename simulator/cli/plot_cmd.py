@@ -9,7 +9,7 @@ import click
 
 from simulator.cli.options import TOKENS, OutputFile, plan_options
 from simulator.outputs.figures import KINDS, PLAN_KINDS, SEARCH_KINDS
-from simulator.outputs.plots import FIGURE_SUFFIXES
+from simulator.outputs.plots_base import FIGURE_SUFFIXES
 
 EXAMPLES = """
 \b

@@ -10,13 +10,11 @@ so that importing the simulator stays light.
 
 from __future__ import annotations
 
-import io
 import math
-import os
 from pathlib import Path
 from typing import Any, Callable
 
-from simulator.spec._io import write_output
+from simulator.outputs.plots_base import finish, pyplot
 
 TIMELINE_STYLE = {  # kind -> (colour, legend label, row offset, row height)
     "forward": ("#8fb3e0", "forward", 0.0, 0.55),
@@ -33,67 +31,10 @@ RANKED_BY = {"upper": "the slow end of their band, not their predicted time",
              "point": "their predicted time", "expected-days": "their expected days with failures"}
 
 
-def _pyplot():
-    # Figures are always drawn off-screen (Agg); a backend named in the environment (MPLBACKEND)
-    # is not consulted, so a bogus one cannot stop the import.
-    backend = os.environ.pop("MPLBACKEND", None)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    finally:
-        if backend is not None:
-            os.environ["MPLBACKEND"] = backend
-
-    plt.rcParams.update({"svg.hashsalt": "simulator", "figure.dpi": 110, "font.size": 8})
-    return plt
-
-
-def summarize(fig) -> dict[str, Any]:
-    """What a figure says: its title and, per visible axes, title, axis labels, legend and texts."""
-    legends = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
-    axes = []
-    for ax in fig.axes:
-        if not ax.get_visible():
-            continue
-        legend = ax.get_legend()
-        axes.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
-                     "ylabel_right": [child.get_ylabel() for child in ax.child_axes],
-                     "legend": [t.get_text() for t in legend.get_texts()] if legend else [],
-                     "texts": [t.get_text() for t in ax.texts]})
-    return {"title": fig._suptitle.get_text() if fig._suptitle is not None else "", "legend": legends, "axes": axes}
-
-
-# The formats a figure is written in, chosen by the file's suffix (no suffix: PNG): those matplotlib writes
-# with its own backends or with Pillow, which it requires.
-FIGURE_SUFFIXES = (".png", ".svg", ".pdf", ".eps", ".ps", ".jpg", ".jpeg", ".tif", ".tiff", ".webp")
-
-
-def _save(fig, path: Path) -> None:
-    """Render in memory in the format the suffix names, then write atomically (``write_output``)."""
-    fmt = Path(path).suffix.lstrip(".").lower() or "png"
-    buffer = io.BytesIO()
-    # No timestamp in the metadata, so regenerating a figure gives the same bytes.
-    metadata = {"Software": None} if fmt == "png" else {"Creator": None, "Date": None} if fmt == "svg" else \
-        {"Creator": None, "Producer": None, "CreationDate": None}
-    fig.savefig(buffer, format=fmt, metadata=metadata, bbox_inches="tight")
-    write_output(path, buffer.getvalue(), "figure")
-
-
-def _finish(plt, fig, path: Path) -> dict[str, Any]:
-    summary = summarize(fig)
-    try:
-        _save(fig, path)
-    finally:
-        plt.close(fig)
-    return summary
-
-
 def pareto_figure(data: dict, path: Path) -> dict[str, Any]:
     """Throughput vs peak memory of every plan that fits, the Pareto front labelled with its plans, the
     simulated plans and the GPU's memory; MFU on the right axis."""
-    plt = _pyplot()
+    plt = pyplot()
     plans, front, sim = data["plans"], data["front"], data["simulated"]
     fig, (ax, key) = plt.subplots(1, 2, figsize=(11.5, 5.6), gridspec_kw={"width_ratios": [3.0, 1.25]})
     xs, ys = [p[0] for p in plans], [p[1] for p in plans]
@@ -127,7 +68,7 @@ def pareto_figure(data: dict, path: Path) -> dict[str, Any]:
     ax.set_title(data["title"])
     ax.legend(loc="lower right", fontsize=7)
     ax.grid(alpha=0.3)
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)
 
 
 def timeline_figure(data: dict, path: Path) -> dict[str, Any]:
@@ -135,7 +76,7 @@ def timeline_figure(data: dict, path: Path) -> dict[str, Any]:
     shows as the grey band. With a window, the steps are labelled with their micro-batch (and chunk)."""
     from matplotlib.patches import Patch
 
-    plt = _pyplot()
+    plt = pyplot()
     p, T, window = data["stages"], data["iteration_time_s"], data["window"]
     fig, ax = plt.subplots(figsize=(11, 0.36 * p + 1.8))
     lo, hi = (window[0], window[1]) if window else (0.0, T)
@@ -169,7 +110,7 @@ def timeline_figure(data: dict, path: Path) -> dict[str, Any]:
         if window else ""
     ax.set_title(f"{data['title']}\n{data['plan']}: {T:.2f} s per iteration, {data['micro_batches']} micro-batches{zoom}")
     _label_steps(fig, ax, labels)
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)
 
 
 def _label_steps(fig, ax, labels: list[tuple[float, float, float, str]]) -> None:
@@ -252,7 +193,7 @@ def _readable_log_axis(axis, decades: float = 1.0) -> None:
 
 
 def days_vs_gpus_figure(data: dict, path: Path) -> dict[str, Any]:
-    plt = _pyplot()
+    plt = pyplot()
     pts = data["points"]
     xs, ys = [q["gpus"] for q in pts], [q["days"] for q in pts]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -269,12 +210,12 @@ def days_vs_gpus_figure(data: dict, path: Path) -> dict[str, Any]:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="lower left")
     _label_points(fig, ax, [(x, y, f"{y:.1f} d") for x, y in zip(xs, ys)], 7)
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)
 
 
 def mfu_vs_gpus_figure(data: dict, path: Path) -> dict[str, Any]:
     """MFU of the best plan at each GPU count, with the smallest count's MFU as perfect scaling."""
-    plt = _pyplot()
+    plt = pyplot()
     pts = data["points"]
     xs, ys = [q["gpus"] for q in pts], [100 * q["mfu"] for q in pts]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -290,12 +231,12 @@ def mfu_vs_gpus_figure(data: dict, path: Path) -> dict[str, Any]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower left")
     _label_points(fig, ax, [(x, y, f"{y:.1f}% ({y / ys[0]:.0%} efficient)") for x, y in zip(xs, ys)], 6)
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)
 
 
 def memory_breakdown_figure(data: dict, path: Path) -> dict[str, Any]:
     """Stacked bars per strategy, one panel per configuration (named in the panel's title)."""
-    plt = _pyplot()
+    plt = pyplot()
     panels = data["panels"]
     # constrained layout keeps the two-line panel titles below the suptitle
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 2.4, 4.4), sharey=True, squeeze=False,
@@ -319,11 +260,11 @@ def memory_breakdown_figure(data: dict, path: Path) -> dict[str, Any]:
     # beside the last panel, not over its bars
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     fig.suptitle(data["title"], fontsize=9)
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)
 
 
 def memory_vs_micro_batch_figure(data: dict, path: Path) -> dict[str, Any]:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     xs = data["micro_batch_sizes"]
     for (label, values), marker in zip(data["series"].items(), "osD^"):
@@ -343,12 +284,12 @@ def memory_vs_micro_batch_figure(data: dict, path: Path) -> dict[str, Any]:
     ax.set_title(f"{data['title']}\n{data['layout']}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)
 
 
 def time_breakdown_figure(data: dict, path: Path) -> dict[str, Any]:
     """Where the iteration goes for each plan (its critical stage), stacked, fastest on top."""
-    plt = _pyplot()
+    plt = pyplot()
     plans = data["plans"]
     fig, ax = plt.subplots(figsize=(8.0, 0.45 * len(plans) + 1.8))
     left = [0.0] * len(plans)
@@ -369,11 +310,11 @@ def time_breakdown_figure(data: dict, path: Path) -> dict[str, Any]:
     ax.set_title(data["title"])
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
     ax.grid(axis="x", alpha=0.3)
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)
 
 
 def stage_memory_figure(data: dict, path: Path) -> dict[str, Any]:
-    plt = _pyplot()
+    plt = pyplot()
     parts = data["parts"]
     p = len(data["peak_gib"])
     fig, ax = plt.subplots(figsize=(max(5.0, 0.4 * p + 3), 4.2))
@@ -396,12 +337,12 @@ def stage_memory_figure(data: dict, path: Path) -> dict[str, Any]:
     ax.set_title(f"{data['title']}\n{data['plan']}")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4)
     ax.grid(axis="y", alpha=0.3)
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)
 
 
 def parity_figure(data: dict, path: Path) -> dict[str, Any]:
     """Predicted against measured, one panel per data set, with the identity line and a tolerance band."""
-    plt = _pyplot()
+    plt = pyplot()
     sets = data["sets"]
     cols = 4
     rows = math.ceil(len(sets) / cols)
@@ -443,7 +384,7 @@ def parity_figure(data: dict, path: Path) -> dict[str, Any]:
         ax.grid(alpha=0.3)
     sources = list(dict.fromkeys(s["source"] for s in sets))
     fig.suptitle(data["title"] + "\n" + "\n".join(sources), fontsize=9)
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)
 
 
 def tp_pp_heatmap_figure(data: dict, path: Path) -> dict[str, Any]:
@@ -451,7 +392,7 @@ def tp_pp_heatmap_figure(data: dict, path: Path) -> dict[str, Any]:
     import numpy as np
     from matplotlib.patches import Patch, Rectangle
 
-    plt = _pyplot()
+    plt = pyplot()
     tps, pps, times = data["tensor_parallel_sizes"], data["pipeline_parallel_sizes"], data["iteration_time_s"]
     grid = np.ma.masked_invalid(np.array([[np.nan if t is None else t for t in row] for row in times], dtype=float))
     fig, ax = plt.subplots(figsize=(1.0 * len(pps) + 3, 0.7 * len(tps) + 2.2))
@@ -476,7 +417,7 @@ def tp_pp_heatmap_figure(data: dict, path: Path) -> dict[str, Any]:
     ax.set_xlabel("pipeline-parallel size (PP)")
     ax.set_ylabel("tensor-parallel size (TP)")
     ax.set_title(data["title"] + "\nengine time of each cell's fastest plan (s)")
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)
 
 
 def _ink_on(rgba) -> str:
@@ -487,7 +428,7 @@ def _ink_on(rgba) -> str:
 
 def moe_ep_figure(data: dict, path: Path) -> dict[str, Any]:
     """Iteration time (the all-to-all part apart) and peak memory (by kind) against the EP size."""
-    plt = _pyplot()
+    plt = pyplot()
     pts = data["points"]
     xs = range(len(pts))
     # constrained layout keeps the three-line title (job, plan) above the panels rather than over them
@@ -517,7 +458,7 @@ def moe_ep_figure(data: dict, path: Path) -> dict[str, Any]:
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
     fig.suptitle(data["title"], fontsize=8)
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)
 
 
 # kind -> (the figure_data kind it draws, the function)

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from simulator.outputs.plots import _finish, _pyplot
+from simulator.outputs.plots_base import finish, pyplot
 
 
 def capacity_figure(result, path: Path) -> dict[str, Any]:
     """Draw ``result`` (a ``CapacityResult``) into ``path`` (PNG, SVG or PDF by its suffix); return what it says."""
-    plt = _pyplot()
+    plt = pyplot()
     c = result.confidence.value
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 4.6))
     ok = [o for o in result.options if o.status == "ok" and o.days_p50 is not None]
@@ -68,4 +68,4 @@ def capacity_figure(result, path: Path) -> dict[str, Any]:
         ax.legend(fontsize=7)
     fig.suptitle(f"capacity: {result.binding} binds; {result.binding_note}"[:180], fontsize=8)
     fig.tight_layout()
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from simulator.outputs.plots import _finish, _pyplot
+from simulator.outputs.plots_base import finish, pyplot
 
 
 def goodput_figure(data: dict, path: Path) -> dict[str, Any]:
     """ETTR and expected days against the GPU count for each checkpoint cost, and where the time goes."""
     assert data["kind"] == "goodput", f"goodput draws goodput data, not {data['kind']}"
-    plt = _pyplot()
+    plt = pyplot()
     pts = data["points"]
     gpus = [q["gpus"] for q in pts]
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(13.0, 3.8))
@@ -42,4 +42,4 @@ def goodput_figure(data: dict, path: Path) -> dict[str, Any]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(data["title"], fontsize=8)
-    return _finish(plt, fig, path)
+    return finish(plt, fig, path)

@@ -24,7 +24,7 @@ from simulator.spec._io import write_output
 PACKAGE = Path(__file__).resolve().parent.parent
 REPO = PACKAGE.parent
 # keyed with the figures, not with the numbers
-DRAWING = ("outputs/plots.py", "outputs/plots_goodput.py", "outputs/plots_capacity.py")
+DRAWING = ("outputs/plots_base.py", "outputs/plots.py", "outputs/plots_goodput.py", "outputs/plots_capacity.py")
 DATA = ("hardware_specs/**/*.yaml", "calibration/profiles/*.json", "calibration/published/**/*",
         "calibration/reference/*.yaml", "reports/cpu-validation/*.json")
 LIBRARIES = ("numpy", "scipy", "simpy", "networkx", "pydantic")

@@ -13,7 +13,7 @@ from simulator.cli.options import job_from_options
 from simulator.estimator.prediction import simulate_job
 from simulator.measure import korthikanti as k
 from simulator.outputs import figure_data as fd
-from simulator.outputs import plots
+from simulator.outputs import plots, plots_base
 from simulator.planner.plan_search import SearchRequest, search
 from simulator.schedule.schedules import warmup_forwards
 from simulator.spec.catalog import PRESETS
@@ -25,7 +25,7 @@ def drawn(monkeypatch):
     """Draw a figure and hand back the matplotlib figure as it was saved (rendered, before it is closed)."""
     figures = []
 
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    monkeypatch.setattr(plots_base, "save", lambda fig, path: figures.append(fig))
 
     def draw(kind, data, tmp_path):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
