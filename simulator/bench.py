@@ -1,4 +1,4 @@
-"""Speed benchmarks: `python -m simulator.bench [evaluation|engine|search|sweep|goodput|capacity|all]`.
+"""Speed benchmarks: `python -m simulator.bench [evaluation|engine|search|sweep|goodput|capacity|log|all]`.
 
 Speed is a feature of a planner (a search evaluates thousands of plans), so it is measured here,
 not asserted in a timed test. Each figure is the median of several runs on this machine.
@@ -220,6 +220,36 @@ def bench_capacity() -> None:
           f"{workers} processes in {elapsed:.1f} s wall ({cpu:.1f} s CPU, {os.cpu_count()} cores); answer {what}")
 
 
+LOG_LINES = 1_000_000
+
+
+def bench_log() -> None:
+    """Reading a long run's Megatron-LM log: one iteration line per iteration (``--log-interval 1``), as
+    ``validate`` and ``calibrate --from-runs`` read it, and its steady-state statistic."""
+    import tempfile
+    from pathlib import Path
+
+    from simulator.measure.megatron_log import arguments_block, iteration_line, measured_time, read_log
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "train.log"
+        arguments = {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 4, "data_parallel_size": 16,
+                     "micro_batch_size": 1, "global_batch_size": 512, "log_interval": 1, "train_iters": LOG_LINES}
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n".join(arguments_block(arguments)) + "\n")
+            for it in range(1, LOG_LINES + 1):
+                f.write(iteration_line(it, LOG_LINES, it * 512, 1.85 + 0.01 * (it % 7), 1.5e-4, 512,
+                                       {"lm loss": 2.0}) + "\n")
+        size_mb = path.stat().st_size / 1e6
+
+        def read() -> None:
+            measured_time(read_log(path))
+
+        t = _median_s(read, repeats=3)
+    print(f"log: {LOG_LINES:,} iteration lines ({size_mb:.0f} MB) read and reduced to a steady-state time in "
+          f"{t:.2f} s")
+
+
 def main(argv: list[str]) -> None:
     what = argv[0] if argv else "all"
     if what in ("evaluation", "all"):
@@ -234,6 +264,8 @@ def main(argv: list[str]) -> None:
         bench_goodput()
     if what in ("capacity", "all"):
         bench_capacity()
+    if what in ("log", "all"):
+        bench_log()
 
 
 def run(argv: list[str]) -> int:

@@ -189,8 +189,8 @@ def test_an_over_long_line_is_passed_over(tmp_path):
 
 @pytest.mark.slow
 def test_a_million_line_log_is_read_line_by_line(tmp_path):
-    """The size of a log bounds neither memory nor the work per line (read time is measured by hand: see the
-    issue's note; this holds the count)."""
+    """The size of a log bounds neither memory nor the work per line (``python -m simulator.bench log`` times the
+    read; this holds the count)."""
     path = tmp_path / "long.log"
     head = fx.arguments_block(dict(fx.ARGUMENTS, log_interval=1))
     with open(path, "w", encoding="utf-8") as f:
