@@ -1,4 +1,5 @@
-"""Speed benchmarks: `python -m simulator.bench [evaluation|engine|search|sweep|goodput|capacity|log|all]`.
+"""Speed benchmarks: `python -m simulator.bench [evaluation|engine|search|sweep|goodput|capacity|log|all]` (another name
+is refused in one sentence, exit code 2).
 
 Speed is a feature of a planner (a search evaluates thousands of plans), so it is measured here,
 not asserted in a timed test. Each figure is the median of several runs on this machine.
@@ -250,8 +251,16 @@ def bench_log() -> None:
           f"{t:.2f} s")
 
 
+BENCHES = ("evaluation", "engine", "search", "sweep", "goodput", "capacity", "log", "all")
+
+
 def main(argv: list[str]) -> None:
+    from simulator.spec.errors import ConfigError
+
     what = argv[0] if argv else "all"
+    if what not in BENCHES or len(argv) > 1:
+        raise ConfigError(f"python -m simulator.bench takes one of {', '.join(BENCHES)}, not {' '.join(argv)!r}; "
+                          "give one of those (or nothing, for all)")
     if what in ("evaluation", "all"):
         bench_evaluation()
     if what in ("engine", "all"):

@@ -21,3 +21,13 @@ def test_clear_caches_empties_the_value_keyed_caches_too():
     assert len(_COST_MODELS) >= 1 and len(_NETWORKS) >= 1
     clear_caches()
     assert len(_COST_MODELS) == 0 and len(_NETWORKS) == 0
+
+
+def test_an_unknown_benchmark_is_refused_in_one_sentence(capsys):
+    """A misspelt name used to run nothing and exit 0; it now names the value and the ones it takes."""
+    from simulator.bench import BENCHES, run
+
+    for argv in (["serach"], ["log", "extra"]):
+        assert run(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and all(name in err[0] for name in BENCHES)
