@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from simulator.cli.options import MICRO_BATCH, PARALLEL_SIZE, BoundedFloat, OutputFile
 from simulator.spec import limits
@@ -112,7 +113,8 @@ def calibrate_command(device, quick, out, raw, keep_raw, gpu, name, model, tp, m
         calibrate_from_runs(from_runs, out, cluster, model or "gpt3-175b", launch, base_profile,
                             DEFAULT_WARMUP_ITERATIONS if warmup is None else warmup, name, as_json)
         return
-    if cluster != "dgx-a100-80gb" or launch or base_profile or warmup is not None:
+    cluster_given = click.get_current_context().get_parameter_source("cluster") is not ParameterSource.DEFAULT
+    if cluster_given or launch or base_profile or warmup is not None:
         raise click.UsageError("--cluster, --megatron-args, --profile and --warmup-iterations go with --from-runs")
     if raw is None and device is None:
         raise click.UsageError("pass --device cuda|cpu to measure, or --raw with points measured before")

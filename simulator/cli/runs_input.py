@@ -12,8 +12,10 @@ from simulator.spec.errors import ConfigError
 from simulator.spec.megatron_args import parse_launch, read_text, resolve
 
 
-def job_of_log(log: MegatronLog, cluster: str, model: str, launch_path: str | None, gpus: int | None = None):
-    """(Job, notes) of the run ``log`` records; a log with no arguments needs ``launch_path``."""
+def job_of_log(log: MegatronLog, cluster: str, model: str, launch_path: str | None, gpus: int | None = None,
+               cluster_given: bool = True):
+    """(Job, notes) of the run ``log`` records; a log with no arguments needs ``launch_path``. ``cluster_given``:
+    the user named the cluster (else it is the default, which the notes say a log cannot tell)."""
     from simulator.spec.catalog import load_model
     from simulator.spec.hardware import load_cluster
 
@@ -41,5 +43,6 @@ def job_of_log(log: MegatronLog, cluster: str, model: str, launch_path: str | No
         **{**options, "model": model, "cluster": cluster, "allow_tp_across_nodes": True})
     if log.arguments is not None and world is None:
         notes.append("the arguments block has no world_size; the GPUs came from its parallel sizes")
-    notes.append(f"cluster {cluster}: a log does not say which GPUs and network it ran on; give --cluster")
+    if not cluster_given:
+        notes.append(f"cluster {cluster}: a log does not say which GPUs and network it ran on; give --cluster")
     return job, notes

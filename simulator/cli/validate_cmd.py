@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from simulator.measure.run_record import load_run_record
 from simulator.measure.validate import Comparison, Validation, validate
@@ -114,7 +115,7 @@ def _render_runs(checks: list, summary) -> str:
 
 
 def _validate_logs(paths: list[str], profile: str | None, cluster: str, model: str, launch: str | None,
-                   warmup: int, as_json: bool) -> None:
+                   warmup: int, as_json: bool, cluster_given: bool) -> None:
     from simulator.cli.runs_input import job_of_log
     from simulator.measure.megatron_log import log_files, measured_time, read_log
     from simulator.measure.run_logs import check_run, summarise
@@ -127,7 +128,7 @@ def _validate_logs(paths: list[str], profile: str | None, cluster: str, model: s
     checks = []
     for path in log_files(paths):
         log = read_log(path)
-        job, notes = job_of_log(log, cluster, model, launch)
+        job, notes = job_of_log(log, cluster, model, launch, cluster_given=cluster_given)
         checks.append(check_run(job, log, measured_time(log, warmup), profile_obj, notes))
     summary = summarise(checks)
     if as_json:
@@ -165,8 +166,9 @@ def validate_cmd(runs: tuple[str, ...], profile: str | None, memory_only: bool, 
     if logs:
         if memory_only:
             raise ConfigError("--memory-only is for run records; a training log is checked for its time")
+        given = click.get_current_context().get_parameter_source("cluster") is not ParameterSource.DEFAULT
         _validate_logs(logs, profile, cluster, model, launch,
-                       DEFAULT_WARMUP_ITERATIONS if warmup is None else warmup, as_json)
+                       DEFAULT_WARMUP_ITERATIONS if warmup is None else warmup, as_json, given)
         return
     if len(records) > 1:
         raise ConfigError("give one run record (*.json) at a time")

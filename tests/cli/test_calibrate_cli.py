@@ -88,3 +88,10 @@ def test_a_terminal_sees_each_section_start_and_end(tmp_path):
                      "calibrate: [collectives] measuring, 10 s allowed",
                      "calibrate: [collectives] done: 3 points in 0.1 s of 10 s"], lines
     assert out.startswith("wrote ") and "calibrate:" not in out
+
+
+@pytest.mark.parametrize("flags", [["--cluster", "dgx-a100-80gb"], ["--cluster", "dgx-h100"]])
+def test_a_from_runs_option_without_from_runs_is_refused_even_at_its_default(tmp_path, flags):
+    res = CliRunner().invoke(cli, ["calibrate", "--device", "cpu", "--out", str(tmp_path / "p.json"), *flags])
+    assert res.exit_code == 2 and "go with --from-runs" in res.output
+    assert not (tmp_path / "p.json").exists()

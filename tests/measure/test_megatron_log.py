@@ -134,6 +134,18 @@ def test_validate_takes_a_folder_and_reports_each_run_and_the_summary():
     assert "measured (p10..p90)" in text and "in band" in text
 
 
+def test_the_cluster_note_asks_for_cluster_only_when_it_was_not_given():
+    runner = CliRunner()
+
+    def notes(*flags: str) -> list[str]:
+        result = runner.invoke(cli, ["validate", str(LM[1]), *flags, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["runs"][0]["notes"]
+
+    assert any("give --cluster" in n for n in notes())
+    assert not any("give --cluster" in n for n in notes("--cluster", "dgx-a100-80gb"))
+
+
 # --- logs that are not one readable run: one sentence, exit 2 ----------------------------------------
 
 
