@@ -19,7 +19,9 @@ never saw, give the band. It holds for plans like the runs: a plan whose regime 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -309,15 +311,18 @@ def _replace_block(profile: HardwareProfile, parents: list[str], ranges: dict,
 
 def describe(fit: RunFit) -> list[str]:
     """The fit in words: each constant, whether the runs pinned it, each run before and after."""
-    lines = ["constant                          prior        fitted       range                pinned"]
+    name_width = max([len("constant"), *(len(p.name) for p in fit.parameters)])
+    lines = [f"{'constant':<{name_width}}  {'prior':>10}  {'fitted':>10}  {'range':^18}  pinned"]
     for p in fit.parameters:
-        lines.append(f"{p.name:<32}  {_fmt(p.prior):>10}  {_fmt(p.value):>10}  {_fmt(p.low):>8}..{_fmt(p.high):<8}  "
-                     + ("yes" if p.pinned else "no: stays near its prior"))
+        lines.append(f"{p.name:<{name_width}}  {_fmt(p.prior):>10}  {_fmt(p.value):>10}  "
+                     f"{_fmt(p.low):>8}..{_fmt(p.high):<8}  " + _verdict(p))
     lines.append("")
-    lines.append("run                                  measured   before    after   left out")
-    for i, label in enumerate(fit.runs):
+    labels = _run_labels(fit.runs)
+    width = max(36, *(len(x) for x in labels))
+    lines.append(f"{'run':<{width}} measured   before    after   left out")
+    for i, label in enumerate(labels):
         m, b, a, e = fit.measured_s[i], fit.predicted_before_s[i], fit.predicted_after_s[i], fit.leave_one_out_errors[i]
-        lines.append(f"{label[-36:]:<36} {m:8.3f}s {b / m - 1:+7.1%} {a / m - 1:+7.1%} "
+        lines.append(f"{label:<{width}} {m:8.3f}s {b / m - 1:+7.1%} {a / m - 1:+7.1%} "
                      + ("      -" if e is None else f"{e:+9.1%}"))
     lines.append(f"band of the fitted profile: -{fit.band_below:.1%} / +{fit.band_above:.1%} "
                  + ("(the profile's largest errors on these runs, on each side)" if fit.kept_profile
@@ -326,5 +331,31 @@ def describe(fit: RunFit) -> list[str]:
     return lines
 
 
+LABEL_WIDTH = 48  # a run's name in the table: its file name, or as much of its path as tells it apart
+
+
+def _run_labels(runs: tuple[str, ...]) -> list[str]:
+    """Each run's file name where those are unique, else its path; a name too long for the table keeps its end
+    (where the file name is), marked with '...' where it was cut."""
+    names = [Path(r).name or r for r in runs]
+    chosen = names if len(set(names)) == len(names) else list(runs)
+    return [x if len(x) <= LABEL_WIDTH else "..." + x[-(LABEL_WIDTH - 3):] for x in chosen]
+
+
+def _verdict(p: FittedParameter) -> str:
+    """Whether the runs pinned the constant; a fit that ran into its range's end says so, since the runs then
+    asked for a value the range does not allow (the model misses something there, or the range is too narrow)."""
+    span = p.high - p.low
+    at_end = span > 0 and not math.isclose(p.value, p.prior, rel_tol=1e-9, abs_tol=1e-12 * span) and (
+        min(abs(p.value - p.low), abs(p.value - p.high)) <= 1e-6 * span)
+    if at_end:
+        return ("yes" if p.pinned else "no") + ", at its range's end"
+    if p.pinned:
+        return "yes"
+    return "no: stays near its prior" if abs(p.value - p.prior) <= 0.5 * p.prior_width else "no: moved, loosely held"
+
+
 def _fmt(x: float) -> str:
-    return f"{x:.3g}" if abs(x) >= 1e-3 or x == 0 else f"{x * 1e6:.3g}u"
+    if abs(x) < 1e-12:  # an optimiser's zero
+        return "0"
+    return f"{x:.3g}" if abs(x) >= 1e-3 else f"{x * 1e6:.3g}u"

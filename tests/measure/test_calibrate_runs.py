@@ -13,7 +13,7 @@ from simulator.cli.options import job_from_options
 from simulator.cost.profile import default_profile, load_profile
 from simulator.estimator.band import band, run_band
 from simulator.estimator.prediction import estimate
-from simulator.measure.calibrate_runs import FIT_PARAMETERS, fit_runs, fitted_profile
+from simulator.measure.calibrate_runs import FIT_PARAMETERS, describe, fit_runs, fitted_profile
 from simulator.spec.errors import ConfigError
 from tests.measure import log_fixtures as fx
 
@@ -75,6 +75,22 @@ def test_absurd_runs_push_constants_to_their_range_ends_and_no_further():
     for p in fit.parameters:
         assert p.low <= p.value <= p.high, p
     assert any(p.value in (p.low, p.high) for p in fit.parameters)
+
+
+def test_the_table_says_which_constants_hit_their_range_end_and_names_each_run_apart():
+    runs = [(f"logs/{name}/train.log", job, t * 5)
+            for name, (_, job, t) in zip(("a", "b"), _measured([_job(2), _job(4, 32)], BASE))]
+    fit = fit_runs(runs, BASE, leave_one_out=False)
+    text = describe(fit)
+    for p in fit.parameters:
+        row = next(line for line in text if line.startswith(p.name + " "))
+        end = 1e-6 * (p.high - p.low)  # an optimiser stops a rounding error short of a bound
+        at_end = p.value != pytest.approx(p.prior) and min(abs(p.value - p.low), abs(p.value - p.high)) <= end
+        assert ("at its range's end" in row) == at_end, row
+    assert any("at its range's end" in line for line in text)  # five times slower: some constant runs out
+    # one file name for both runs: the table keeps the paths, which tell them apart
+    assert any(line.startswith("logs/a/train.log") for line in text)
+    assert any(line.startswith("logs/b/train.log") for line in text)
 
 
 def test_runs_on_another_gpu_than_the_profile_are_refused():
