@@ -18,6 +18,7 @@ from simulator.cli.options import (
     require_fit,
     require_fit_option,
 )
+from simulator.outputs.describe import band_origin
 from simulator.spec import limits
 from simulator.spec.units import format_gib
 
@@ -144,12 +145,8 @@ def render(job, est, notes: list[str] = (), goodput=None, optimal=None) -> str:
     if goodput is not None:
         lines += render_goodput(goodput, optimal)
     if est.iteration_time_s_low is not None:
-        if est.validation_regime is not None:
-            lines += ["", f"band: the model's error on the measured runs of its regime ({est.validation_regime}), "
-                          "or the unpinned constants' spread where wider"]
-        else:
-            lines += ["", "band: widened, the plan is outside every measured regime: " + "; ".join(est.outside_regime_reasons)]
-    if est.band_drivers:
+        lines += ["", "band: " + band_origin(est.validation_regime, est.outside_regime_reasons, est.band_from_runs)]
+    if est.band_drivers and not est.band_from_runs:  # a band from runs did not play the constants' ends
         lines += ["the profile's unpinned constants at the ends of their ranges; the largest effects:"]
         for d in est.band_drivers[:3]:
             lines.append(f"  {d['constant']:32s} {d['low']:.3g} .. {d['high']:.3g}   "

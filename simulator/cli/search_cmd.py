@@ -25,6 +25,7 @@ from simulator.cli.options import (
 )
 from simulator.cli.goodput_options import goodput_options, goodput_settings, render_goodput
 from simulator.cli.plan_cmd import experts_line, launch_json, plan_json, render_launch_text
+from simulator.outputs.describe import band_origin
 from simulator.spec import limits
 from simulator.spec.plan import Precision, RecomputeGranularity
 from simulator.spec.units import format_gib
@@ -287,6 +288,7 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
                        "iteration_time_s_low": r.iteration_time_s_low, "iteration_time_s_high": r.iteration_time_s_high,
                        "validation_regime": r.validation_regime,
                        "outside_regime_reasons": list(r.outside_regime_reasons), "rank_key_s": r.rank_key_s,
+                       "band_from_runs": list(r.band_from_runs),
                        "goodput": goodputs[i].model_dump(mode="json") if goodputs else None}
                       for i, r in enumerate(result.plans)],
             "rank_by": req.rank_by.value, "rank_by_point_pick": _point_pick_json(point_pick, top),
@@ -344,7 +346,10 @@ def search_command(model, seq_length, cluster, gpus, global_batch_size, tokens, 
     if goodputs:
         click.echo("expected: days with failures, checkpoints and restarts; the best plan's:"
                    + "\n".join(render_goodput(goodputs[0])))
-    if best.validation_regime is not None:
+    if best.band_from_runs:
+        click.echo("the best plan's band: " + band_origin(best.validation_regime, best.outside_regime_reasons,
+                                                          best.band_from_runs))
+    elif best.validation_regime is not None:
         click.echo(f"the best plan lies in a measured regime: {best.validation_regime}")
     else:
         click.echo("the best plan lies outside every measured regime, so its band is widened: "

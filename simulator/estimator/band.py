@@ -51,6 +51,9 @@ class Band(BaseModel):
     iteration_time_s_high: float
     drivers: tuple[BandDriver, ...] = Field(description="The constants that move the answer, largest effect first.")
     regime: Regime = Field(description="Where the plan lies relative to the measured runs, and the model's error there.")
+    from_runs: tuple[str, ...] = Field((), description="The runs of a profile fitted by calibrate --from-runs whose "
+                                                       "leave-one-run-out errors give the band, where the plan is like "
+                                                       "them; empty where the regime's band holds.")
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,8 @@ def band(job: Job, profile=None, iteration_time_s: float | None = None, mfu: flo
     else:
         fast_s, slow_s = estimate(job, c.fast).iteration_time_s, estimate(job, c.slow).iteration_time_s
     low, high, regime = widened(job, iteration_time_s, mfu, fast_s, slow_s, calibrated)
-    return Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=c.drivers, regime=regime)
+    runs = profile.run_calibration.runs if calibrated is not None else ()
+    return Band(iteration_time_s_low=low, iteration_time_s_high=high, drivers=c.drivers, regime=regime, from_runs=runs)
 
 
 def estimate_with_band(job: Job, profile=None, tokens: float | None = None):
@@ -196,4 +200,5 @@ def banded(est, b: Band):
         "band_drivers": tuple(d.model_dump() for d in b.drivers),
         "validation_regime": b.regime.name,
         "outside_regime_reasons": b.regime.outside,
+        "band_from_runs": b.from_runs,
     })

@@ -109,6 +109,10 @@ class Estimate(BaseModel):
                           "outside every one, or when no band was computed.")
     outside_regime_reasons: tuple[str, ...] = Field(
         (), description="Why the plan lies outside every measured regime (the band is widened for it).")
+    band_from_runs: tuple[str, ...] = Field(
+        (), description="The measured runs (a profile fitted by calibrate --from-runs) whose leave-one-run-out errors "
+                        "give the band, where the plan has their regime features and TP size; empty where the "
+                        "regime's band holds.")
     outside_validated_range: bool = Field(
         False, description="MFU above the best measured run on this GPU (its spec's best published run where the "
                               "repository holds none measured), or no published run on it at all.")

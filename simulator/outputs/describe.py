@@ -60,3 +60,20 @@ def compact_layout(plan: ParallelPlan) -> str:
 def short_layout(plan: ParallelPlan) -> str:
     """The layout in a figure label's width: 'TP8 PP16x2 mbs1 SP sel ZeRO-1'."""
     return label_plan_name(plan)
+
+
+def band_origin(validation_regime: str | None, outside_reasons: tuple[str, ...] | list[str],
+                from_runs: tuple[str, ...] | list[str] = ()) -> str:
+    """Where a plan's band comes from, in words: the runs a profile was fitted to (``calibrate --from-runs``), the
+    measured regime the plan lies in, or why it lies outside every one (the band widened)."""
+    if from_runs:
+        n = len(from_runs)
+        text = (f"the leave-one-run-out errors of the {n} run{'' if n == 1 else 's'} the profile was fitted to "
+                "(calibrate --from-runs), which the plan is like")
+        if validation_regime is None and outside_reasons:
+            text += "; the repository's measured runs do not cover it: " + "; ".join(outside_reasons)
+        return text
+    if validation_regime is not None:
+        return (f"the model's error on the measured runs of its regime ({validation_regime}), or the unpinned "
+                "constants' spread where wider")
+    return "widened, the plan is outside every measured regime: " + "; ".join(outside_reasons)

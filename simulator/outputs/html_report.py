@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.estimator.prediction import Estimate, simulate_job
-from simulator.outputs.describe import layout
+from simulator.outputs.describe import band_origin, layout
 from simulator.outputs.figure_data import breakdown_label, breakdown_parts, pareto_front, request_title
 from simulator.outputs.plots import RANKED_BY
 from simulator.planner.plan_search import SearchRequest, SearchResult
@@ -94,6 +94,7 @@ def answer(result: SearchResult, req: SearchRequest) -> dict[str, Any]:
             "mfu": est.mfu, "training_days": est.training_days, "training_days_low": est.training_days_low,
             "training_days_high": est.training_days_high, "tokens": est.tokens, **expected,
             "validation_regime": best.validation_regime, "outside_regime_reasons": list(best.outside_regime_reasons),
+            "band_from_runs": list(best.band_from_runs),
             "validation_note": est.validation_note,
             "launch": render_launch(job, save_interval=expected["save_interval"], async_save=req.goodput.async_save)}
 
@@ -118,8 +119,12 @@ def _answer_html(a: dict[str, Any]) -> list[str]:
         days = f"{a['training_days']:.1f} training days for {a['tokens']:.3g} tokens without failures"
         if a["training_days_low"] is not None:
             days += f" (band {a['training_days_low']:.1f}-{a['training_days_high']:.1f} days)"
-    regime = (f"inside a measured regime: {a['validation_regime']}" if a["validation_regime"] is not None
-              else "outside every measured regime, so its band is widened: " + "; ".join(a["outside_regime_reasons"]))
+    if a["band_from_runs"]:
+        regime = "band: " + band_origin(a["validation_regime"], a["outside_regime_reasons"], a["band_from_runs"])
+    elif a["validation_regime"] is not None:
+        regime = f"inside a measured regime: {a['validation_regime']}"
+    else:
+        regime = "outside every measured regime, so its band is widened: " + "; ".join(a["outside_regime_reasons"])
     expected = _expected_html(a)
     out = ['<div id="answer">', f"<h2>Best plan: {html.escape(a['plan'])}</h2>",
            f'<p id="answer-days"><b>{html.escape(days)}</b>; {html.escape(time)}, MFU {100 * a["mfu"]:.1f}%</p>',

@@ -71,6 +71,9 @@ class RankedPlan(BaseModel):
     validation_regime: str | None = Field(
         None, description="The measured regime the plan lies in (GPU kind and the sets measured on it); None outside.")
     outside_regime_reasons: tuple[str, ...] = Field((), description="Why the plan lies outside every measured regime.")
+    band_from_runs: tuple[str, ...] = Field(
+        (), description="The runs of a profile fitted by calibrate --from-runs whose errors give the band (empty: the "
+                        "regime's band).")
     rank_key_s: float | None = Field(
         None, description="What the plan was ranked by: the band's slow end (rank_by upper), its iteration time "
                           "(point), or its wall seconds per useful iteration with failures (expected-days).")
@@ -197,7 +200,8 @@ def _with_bands(req: SearchRequest, profile, template: ParallelPlan, ranked: lis
                               iteration_time_s_high=est.iteration_time_s_high,
                               within_band_of_best=i > 0 and (low <= best_low or high <= best_high),
                               validation_regime=est.validation_regime,
-                              outside_regime_reasons=est.outside_regime_reasons, rank_key_s=key))
+                              outside_regime_reasons=est.outside_regime_reasons,
+                              band_from_runs=est.band_from_runs, rank_key_s=key))
     return out
 
 

@@ -14,6 +14,7 @@ from simulator.cost.profile import default_profile, load_profile
 from simulator.estimator.band import band, run_band
 from simulator.estimator.prediction import estimate
 from simulator.measure.calibrate_runs import FIT_PARAMETERS, describe, fit_runs, fitted_profile
+from simulator.measure.megatron_log import launch_of_arguments, read_log
 from simulator.spec.errors import ConfigError
 from tests.measure import log_fixtures as fx
 
@@ -112,6 +113,7 @@ def test_the_fitted_profile_carries_its_runs_and_its_band_only_for_plans_like_th
     t = estimate(like, profile).iteration_time_s
     assert b.iteration_time_s_low <= t * (1 - fit.band_below) + 1e-12
     assert b.iteration_time_s_high >= t * (1 + fit.band_above) - 1e-12
+    assert b.from_runs == fit.runs and band(unlike, profile).from_runs == ()  # the answer says whose band it is
     path = tmp_path / "mine.json"
     path.write_text(profile.model_dump_json())
     assert load_profile(path) == profile
@@ -141,6 +143,21 @@ def test_calibrate_from_runs_writes_a_profile_that_plan_and_validate_take(tmp_pa
     plan = runner.invoke(cli, ["plan", "--model", "gpt3-2.7b", "--gpus", "16", "--gbs", "256", "--tp", "2",
                                "--profile", str(out)])
     assert plan.exit_code == 0, plan.output
+    # a plan like the runs says its band is theirs, and lists no constants' ends, which that band did not play
+    plan_json = runner.invoke(cli, ["plan", "--megatron-args", "-", "--profile", str(out), "--json"],
+                              input=_launch_of(logs / "tp2.log"))
+    assert plan_json.exit_code == 0, plan_json.output
+    assert json.loads(plan_json.stdout)["band_from_runs"] == data["fit"]["runs"]
+    text = runner.invoke(cli, ["plan", "--megatron-args", "-", "--profile", str(out)], input=_launch_of(logs / "tp2.log"))
+    assert "band: the leave-one-run-out errors of the 2 runs" in text.output
+    assert "unpinned constants at the ends" not in text.output
+
+
+def _launch_of(log_path) -> str:
+    """The torchrun launch of a logged run, from its arguments block."""
+    log = read_log(str(log_path))
+    flags, world = launch_of_arguments(log.arguments, log.tokenizer_vocab_size)
+    return f"torchrun --nnodes 1 --nproc-per-node {world} {flags}\n"
 
 
 def test_measuring_flags_do_not_mix_with_from_runs(tmp_path):
