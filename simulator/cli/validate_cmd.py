@@ -10,6 +10,7 @@ import click
 from click.core import ParameterSource
 
 from simulator.measure.run_record import load_run_record
+from simulator.outputs.describe import band_origin
 from simulator.measure.validate import Comparison, Validation, validate
 from simulator.spec.errors import ConfigError
 
@@ -93,7 +94,7 @@ def _render_runs(checks: list, summary) -> str:
         rows.append((Path(c.run).name, c.layout, f"{it.predicted:.3f} s",
                      f"{it.measured:.3f} s ({c.measured_p10_s:.3f}..{c.measured_p90_s:.3f})", _error(it), band,
                      {True: "yes", False: "NO", None: "-"}[c.inside_band],
-                     c.regime or "outside every measured regime"))
+                     "its runs' band" if c.band_from_runs else c.regime or "outside every measured regime"))
     lines = _table(rows)
     for c in checks:
         detail = [f"{ph.phase} {ph.predicted_s * 1e3:.1f} ms predicted, {ph.measured_s * 1e3:.1f} ms measured "
@@ -104,7 +105,9 @@ def _render_runs(checks: list, summary) -> str:
         dropped = ", ".join(f"{n} {why}" for why, n in c.intervals_dropped.items())
         lines.append(f"{Path(c.run).name}: {c.intervals_kept} intervals kept ({c.iterations_kept} iterations)"
                      + (f", dropped {dropped}" if dropped else "") + ("; " + "; ".join(detail) if detail else ""))
-        if c.outside_regime_reasons:
+        if c.band_from_runs:
+            lines.append("  band: " + band_origin(c.regime, c.outside_regime_reasons, c.band_from_runs))
+        elif c.outside_regime_reasons:
             lines.append("  outside every measured regime: " + "; ".join(c.outside_regime_reasons))
         lines += [f"  note: {n}" for n in c.notes]
     if summary is not None and summary.runs > 1:

@@ -48,6 +48,8 @@ class RunCheck(BaseModel):
     inside_band: bool | None = Field(description="Whether the measured median lies inside the band.")
     regime: str | None = Field(description="The measured regime the plan lies in; None outside every one.")
     outside_regime_reasons: tuple[str, ...] = ()
+    band_from_runs: tuple[str, ...] = Field((), description="The runs of a profile fitted by calibrate --from-runs "
+                                                             "whose errors give the band (empty: the regime's band).")
     mfu: float = Field(description="The prediction's model FLOPs utilisation (full s x s attention count).")
     phases: list[PhaseCheck] = Field(default_factory=list)
     peak_allocated_bytes: Comparison | None = Field(
@@ -100,7 +102,8 @@ def check_run(job: Job, log: MegatronLog, measured: MeasuredTime, profile=None,
         iteration_time_s=iteration, measured_p10_s=measured.p10_s, measured_p90_s=measured.p90_s,
         intervals_kept=measured.intervals_kept, iterations_kept=measured.iterations_kept,
         intervals_dropped=measured.dropped, band_low_s=low, band_high_s=high, inside_band=inside,
-        regime=est.validation_regime, outside_regime_reasons=tuple(est.outside_regime_reasons), mfu=est.mfu,
+        regime=est.validation_regime, outside_regime_reasons=tuple(est.outside_regime_reasons),
+        band_from_runs=tuple(est.band_from_runs), mfu=est.mfu,
         phases=phases, peak_allocated_bytes=peak, notes=notes)
 
 

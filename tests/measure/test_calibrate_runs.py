@@ -140,6 +140,7 @@ def test_calibrate_from_runs_writes_a_profile_that_plan_and_validate_take(tmp_pa
     assert len(data["fit"]["runs"]) == 2 and load_profile(out).run_calibration is not None
     again = runner.invoke(cli, ["validate", str(logs), "--profile", str(out), "--json"])
     assert again.exit_code == 0, again.output
+    assert all(run["band_from_runs"] == data["fit"]["runs"] for run in json.loads(again.stdout)["runs"])
     plan = runner.invoke(cli, ["plan", "--model", "gpt3-2.7b", "--gpus", "16", "--gbs", "256", "--tp", "2",
                                "--profile", str(out)])
     assert plan.exit_code == 0, plan.output
