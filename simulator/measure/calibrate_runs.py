@@ -13,8 +13,9 @@ in turn, the rest refitted, and the left-out run predicted; the slow and fast ha
 leave-one-run-out errors on each side (so the band is as asymmetric as the errors), never narrower than the
 noise. The fit is kept only where those left-out predictions beat the profile as it is on the same runs (model
 selection by leave-one-out): otherwise the profile's constants stay, and its own errors on the runs, which it
-never saw, give the band. It holds for plans like the runs: a plan whose regime features
-(``simulator.estimator.regime``) none of the runs had keeps the regime's wider band.
+never saw, give the band (as they do for a single run, where none can be left out). It holds for plans like
+the runs: a plan whose regime features (``simulator.estimator.regime``) none of the runs had keeps the regime's
+wider band.
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ class RunFit(BaseModel):
     band_above: float = Field(description="The band's slow half-width, relative.")
     kept_profile: bool = Field(False, description="The fit predicted left-out runs no better than the profile as it "
                                                   "is, so the profile's constants were kept.")
+    band_source: str = Field("leave-one-run-out", description="What the band's half-widths are: 'leave-one-run-out' "
+                                                              "(the fit's errors on runs it did not see) or 'profile "
+                                                              "before the fit' (its errors on the runs, which it never "
+                                                              "saw: the fit was not kept, or one run left none out).")
     warnings: tuple[str, ...] = ()
 
 
@@ -212,10 +217,15 @@ def fit_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile,
     warnings = []
     kept = False
     unfitted = [float(b / m - 1) for b, m in zip(before, measured)]
-    if errors and np.mean(np.abs(errors)) >= np.mean(np.abs(unfitted)):
+    source = "leave-one-run-out"
+    if not errors:
+        # nothing was left out, so nothing says how the fit does on a run it did not see: the profile's own errors
+        # on the runs, which it never saw, are the nearest measure of the error a plan like them carries
+        errors, source = unfitted, "profile before the fit"
+    elif np.mean(np.abs(errors)) >= np.mean(np.abs(unfitted)):
         # the fit must predict runs it did not see better than the profile as it is, or it is not kept: those
         # runs are then out of sample for the profile, and its own errors on them are the band
-        kept, values, after, errors = True, np.array(priors), before, unfitted
+        kept, values, after, errors, source = True, np.array(priors), before, unfitted, "profile before the fit"
         warnings.append("fitted to all but one run, the constants predicted the run left out no better than the "
                         f"profile as it is ({np.mean(np.abs(loo)):.1%} against {np.mean(np.abs(unfitted)):.1%} mean "
                         "error): the profile's constants are kept, and its errors on these runs give the band")
@@ -226,8 +236,12 @@ def fit_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile,
     if len(layouts) == 1:
         warnings.append("every run has one layout (TP, PP, CP, micro-batch): the fit cannot tell the layout's "
                         "costs apart, and plans of other layouts keep the regime's band")
-    if len(runs) < 3:
-        warnings.append(f"{len(runs)} run(s): the band rests on {len(errors)} left-out prediction(s)")
+    left_out = sum(e is not None for e in loo)
+    if left_out == 0:
+        warnings.append(f"{len(runs)} run(s), none left out: the band is the profile's error on the runs before the "
+                        "fit, and nothing checked the fit on a run it did not see")
+    elif len(runs) < 3:
+        warnings.append(f"{len(runs)} run(s): the band rests on {left_out} left-out prediction(s)")
     params = tuple(FittedParameter(
         name=p.name, path=p.path, prior=float(prior), value=float(v), low=p.low, high=p.high,
         prior_width=p.prior_width, posterior_width=float(p.prior_width if kept else w),
@@ -235,7 +249,8 @@ def fit_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile,
         source=p.source) for p, v, w, prior in zip(parameters, values, posterior, priors))
     return RunFit(runs=tuple(labels), measured_s=tuple(measured.tolist()), predicted_before_s=tuple(before.tolist()),
                   predicted_after_s=tuple(after.tolist()), parameters=params, leave_one_out_errors=tuple(loo),
-                  band_below=float(below), band_above=float(above), kept_profile=kept, warnings=tuple(warnings))
+                  band_below=float(below), band_above=float(above), kept_profile=kept, band_source=source,
+                  warnings=tuple(warnings))
 
 
 def _layout(job: Job) -> tuple:
@@ -325,8 +340,9 @@ def describe(fit: RunFit) -> list[str]:
         lines.append(f"{label:<{width}} {m:8.3f}s {b / m - 1:+7.1%} {a / m - 1:+7.1%} "
                      + ("      -" if e is None else f"{e:+9.1%}"))
     lines.append(f"band of the fitted profile: -{fit.band_below:.1%} / +{fit.band_above:.1%} "
-                 + ("(the profile's largest errors on these runs, on each side)" if fit.kept_profile
-                    else "(the largest leave-one-run-out errors on each side)"))
+                 + ("(the largest leave-one-run-out errors on each side)" if fit.band_source == "leave-one-run-out"
+                    else "(the profile's largest errors on these runs before the fit, on each side)")
+                 + f", never under the {RUN_NOISE:.0%} of a run's noise")
     lines += [f"warning: {w}" for w in fit.warnings]
     return lines
 

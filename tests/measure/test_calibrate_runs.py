@@ -94,6 +94,15 @@ def test_the_table_says_which_constants_hit_their_range_end_and_names_each_run_a
     assert any(line.startswith("logs/b/train.log") for line in text)
 
 
+def test_one_run_leaves_none_out_and_its_band_is_the_profile_error_before_the_fit():
+    (label, job, t), = _measured([_job(2)], BASE)
+    fit = fit_runs([(label, job, t / 1.12)], BASE)  # the run 12% faster than the profile says
+    assert fit.leave_one_out_errors == (None,) and fit.band_source == "profile before the fit"
+    assert fit.band_below == pytest.approx(0.12 / 1.12)  # the truth may lie that far below the prediction
+    assert any("none left out" in w for w in fit.warnings)
+    assert "before the fit" in describe(fit)[-len(fit.warnings) - 1]
+
+
 def test_runs_on_another_gpu_than_the_profile_are_refused():
     job = job_from_options(model="gpt3-2.7b", cluster="dgx-h100", gpus=16, global_batch_size=64)
     with pytest.raises(ConfigError, match="profile"):
