@@ -113,7 +113,9 @@ def _render_runs(checks: list, summary) -> str:
     if summary is not None and summary.runs > 1:
         lines.append(f"{summary.runs} runs: mean absolute error {summary.mean_absolute_error:.1%}, bias "
                      f"{summary.bias:+.1%}, {summary.inside_band} of {summary.runs} inside the band, "
-                     f"{summary.layouts} distinct layout{'' if summary.layouts == 1 else 's'}")
+                     f"{summary.layouts} distinct layout{'' if summary.layouts == 1 else 's'}"
+                     + (f"; {summary.in_sample} of the runs are the profile's own (in sample)" if summary.in_sample
+                        else ""))
     return "\n".join(lines)
 
 

@@ -10,6 +10,8 @@ inside the band the tool would have given, and in which measured regime the plan
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.measure.megatron_log import MeasuredTime, MegatronLog
@@ -50,6 +52,8 @@ class RunCheck(BaseModel):
     outside_regime_reasons: tuple[str, ...] = ()
     band_from_runs: tuple[str, ...] = Field((), description="The runs of a profile fitted by calibrate --from-runs "
                                                              "whose errors give the band (empty: the regime's band).")
+    in_sample: bool = Field(False, description="The run is one the profile was fitted to (calibrate --from-runs): its "
+                                               "error is in sample, not a check of the fit.")
     mfu: float = Field(description="The prediction's model FLOPs utilisation (full s x s attention count).")
     phases: list[PhaseCheck] = Field(default_factory=list)
     peak_allocated_bytes: Comparison | None = Field(
@@ -94,6 +98,11 @@ def check_run(job: Job, log: MegatronLog, measured: MeasuredTime, profile=None,
         peak = compare(stage0.peak_bytes - stage0.reserve_bytes, log.max_allocated_bytes)
         notes.append("peak memory: rank 0's 'max allocated' (first pipeline stage) against the memory plan's peak "
                      "less its reserve, which torch's allocator statistics do not count")
+    calibration = getattr(profile, "run_calibration", None)
+    in_sample = calibration is not None and any(_same_file(log.source, run) for run in calibration.runs)
+    if in_sample:
+        notes.append("the profile was fitted to this run (calibrate --from-runs): its error is in sample, not a check "
+                     "of the fit; validate runs it did not see")
     if measured.intervals_kept < 5:
         notes.append(f"only {measured.intervals_kept} logged intervals are past warm-up, saves and evaluation: "
                      "the measured time rests on few samples")
@@ -103,8 +112,19 @@ def check_run(job: Job, log: MegatronLog, measured: MeasuredTime, profile=None,
         intervals_kept=measured.intervals_kept, iterations_kept=measured.iterations_kept,
         intervals_dropped=measured.dropped, band_low_s=low, band_high_s=high, inside_band=inside,
         regime=est.validation_regime, outside_regime_reasons=tuple(est.outside_regime_reasons),
-        band_from_runs=tuple(est.band_from_runs), mfu=est.mfu,
+        band_from_runs=tuple(est.band_from_runs), in_sample=in_sample, mfu=est.mfu,
         phases=phases, peak_allocated_bytes=peak, notes=notes)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two logged paths name one file: the same file where both exist, else the same path."""
+    pa, pb = Path(a), Path(b)
+    try:
+        if pa.exists() and pb.exists():
+            return pa.samefile(pb)
+    except OSError:
+        pass
+    return pa.resolve() == pb.resolve()
 
 
 class RunsSummary(BaseModel):
@@ -117,6 +137,7 @@ class RunsSummary(BaseModel):
     bias: float = Field(description="Mean signed error (predicted - measured) / measured; negative: optimistic.")
     inside_band: int
     layouts: int = Field(description="Distinct (TP, PP, CP, DP, micro-batch) layouts among the runs.")
+    in_sample: int = Field(0, description="Runs the profile was fitted to, whose errors are in sample.")
 
 
 def summarise(checks: list[RunCheck]) -> RunsSummary | None:
@@ -125,4 +146,5 @@ def summarise(checks: list[RunCheck]) -> RunsSummary | None:
         return None
     return RunsSummary(runs=len(checks), mean_absolute_error=sum(map(abs, errors)) / len(errors),
                        bias=sum(errors) / len(errors), inside_band=sum(bool(c.inside_band) for c in checks),
-                       layouts=len({c.layout.split(", gbs")[0] for c in checks}))
+                       layouts=len({c.layout.split(", gbs")[0] for c in checks}),
+                       in_sample=sum(c.in_sample for c in checks))

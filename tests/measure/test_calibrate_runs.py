@@ -149,7 +149,14 @@ def test_calibrate_from_runs_writes_a_profile_that_plan_and_validate_take(tmp_pa
     assert len(data["fit"]["runs"]) == 2 and load_profile(out).run_calibration is not None
     again = runner.invoke(cli, ["validate", str(logs), "--profile", str(out), "--json"])
     assert again.exit_code == 0, again.output
-    assert all(run["band_from_runs"] == data["fit"]["runs"] for run in json.loads(again.stdout)["runs"])
+    checked = json.loads(again.stdout)
+    assert all(run["band_from_runs"] == data["fit"]["runs"] for run in checked["runs"])
+    # the runs it was fitted to are in sample, and say so; a run it did not see is not
+    assert all(run["in_sample"] for run in checked["runs"]) and checked["summary"]["in_sample"] == 2
+    other = tmp_path / "other.log"
+    fx.write(other, fx.megatron_lm_log(arguments=dict(fx.ARGUMENTS, tensor_model_parallel_size=2, data_parallel_size=4)))
+    unseen = runner.invoke(cli, ["validate", str(other), "--profile", str(out), "--json"])
+    assert json.loads(unseen.stdout)["runs"][0]["in_sample"] is False
     plan = runner.invoke(cli, ["plan", "--model", "gpt3-2.7b", "--gpus", "16", "--gbs", "256", "--tp", "2",
                                "--profile", str(out)])
     assert plan.exit_code == 0, plan.output
