@@ -258,8 +258,10 @@ def _layout(job: Job) -> tuple:
     return (p.tensor_parallel_size, p.pipeline_parallel_size, p.context_parallel_size, p.micro_batch_size)
 
 
-def fitted_profile(base: HardwareProfile, fit: RunFit, jobs: list[Job], name: str) -> HardwareProfile:
-    """``base`` with the fitted values, its provenance naming the runs, and the band of the fit."""
+def fitted_profile(base: HardwareProfile, fit: RunFit, jobs: list[Job], name: str,
+                   digests: tuple[str, ...] = ()) -> HardwareProfile:
+    """``base`` with the fitted values, its provenance naming the runs (and, for logs, ``digests``: each file's
+    SHA-256), and the band of the fit."""
     from simulator.estimator.regime import plan_features
 
     by_name = {p.name: p for p in FIT_PARAMETERS}
@@ -270,7 +272,7 @@ def fitted_profile(base: HardwareProfile, fit: RunFit, jobs: list[Job], name: st
     features = sorted({f for job in jobs
                        for f in calibration_features(plan_features(job), job.plan.tensor_parallel_size)})
     calibration = RunCalibration(
-        runs=fit.runs, band_below=fit.band_below, band_above=fit.band_above, features=tuple(features),
+        runs=fit.runs, run_digests=tuple(digests), band_below=fit.band_below, band_above=fit.band_above, features=tuple(features),
         parameters={fp.name: fp.value for fp in fit.parameters},
         pinned=tuple(fp.name for fp in fit.parameters if fp.pinned))
     notes = (f"{base.notes} " if base.notes else "") + (

@@ -10,6 +10,7 @@ inside the band the tool would have given, and in which measured regime the plan
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -98,8 +99,7 @@ def check_run(job: Job, log: MegatronLog, measured: MeasuredTime, profile=None,
         peak = compare(stage0.peak_bytes - stage0.reserve_bytes, log.max_allocated_bytes)
         notes.append("peak memory: rank 0's 'max allocated' (first pipeline stage) against the memory plan's peak "
                      "less its reserve, which torch's allocator statistics do not count")
-    calibration = getattr(profile, "run_calibration", None)
-    in_sample = calibration is not None and any(_same_file(log.source, run) for run in calibration.runs)
+    in_sample = fitted_to(getattr(profile, "run_calibration", None), log.source)
     if in_sample:
         notes.append("the profile was fitted to this run (calibrate --from-runs): its error is in sample, not a check "
                      "of the fit; validate runs it did not see")
@@ -116,15 +116,26 @@ def check_run(job: Job, log: MegatronLog, measured: MeasuredTime, profile=None,
         phases=phases, peak_allocated_bytes=peak, notes=notes)
 
 
-def _same_file(a: str, b: str) -> bool:
-    """Whether two logged paths name one file: the same file where both exist, else the same path."""
-    pa, pb = Path(a), Path(b)
-    try:
-        if pa.exists() and pb.exists():
-            return pa.samefile(pb)
-    except OSError:
-        pass
-    return pa.resolve() == pb.resolve()
+def log_digest(path: str | Path) -> str:
+    """SHA-256 of a log file, read in blocks (a long run's log is hundreds of megabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fitted_to(calibration, source: str) -> bool:
+    """Whether the log at ``source`` is one of the runs ``calibration`` was fitted to: the same content where the
+    calibration kept the logs' digests, else the same path."""
+    if calibration is None:
+        return False
+    if calibration.run_digests:
+        try:
+            return log_digest(source) in calibration.run_digests
+        except OSError:
+            return False
+    return any(Path(source).resolve() == Path(run).resolve() for run in calibration.runs)
 
 
 class RunsSummary(BaseModel):

@@ -154,9 +154,16 @@ def test_calibrate_from_runs_writes_a_profile_that_plan_and_validate_take(tmp_pa
     # the runs it was fitted to are in sample, and say so; a run it did not see is not
     assert all(run["in_sample"] for run in checked["runs"]) and checked["summary"]["in_sample"] == 2
     other = tmp_path / "other.log"
-    fx.write(other, fx.megatron_lm_log(arguments=dict(fx.ARGUMENTS, tensor_model_parallel_size=2, data_parallel_size=4)))
+    fx.write(other, fx.megatron_lm_log(iterations=300,  # another run of the same layout
+                                       arguments=dict(fx.ARGUMENTS, tensor_model_parallel_size=2, data_parallel_size=4)))
     unseen = runner.invoke(cli, ["validate", str(other), "--profile", str(out), "--json"])
     assert json.loads(unseen.stdout)["runs"][0]["in_sample"] is False
+    # a fitted run's log moved elsewhere is still the same run; its content is what names it
+    moved = tmp_path / "moved" / "renamed.log"
+    moved.parent.mkdir()
+    moved.write_bytes((logs / "tp2.log").read_bytes())
+    again = runner.invoke(cli, ["validate", str(moved), "--profile", str(out), "--json"])
+    assert json.loads(again.stdout)["runs"][0]["in_sample"] is True
     plan = runner.invoke(cli, ["plan", "--model", "gpt3-2.7b", "--gpus", "16", "--gbs", "256", "--tp", "2",
                                "--profile", str(out)])
     assert plan.exit_code == 0, plan.output
