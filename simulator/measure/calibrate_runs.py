@@ -20,7 +20,6 @@ wider band.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +39,14 @@ the priors, and the band never comes out narrower than it."""
 
 PINNED_RATIO = 0.5
 """A constant counts as pinned by the runs when its posterior width is under this share of its prior's."""
+
+BOUND_TOLERANCE = 1e-3
+"""How near a bound, as a share of the range, a fitted value counts as on it: the solver starts this far inside a
+bound, and a constant the runs cannot see may stay there."""
+
+HELD_STEP = 0.1
+"""A constant on a bound is held there by its range, not by its prior, when the fit would move it this many prior
+widths further out (a Newton step): a tenth of a width is well inside what a run's noise lets the fit tell apart."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,10 @@ class FittedParameter(BaseModel):
     prior_width: float
     posterior_width: float
     pinned: bool = Field(description="The runs narrowed it to under half its prior width.")
+    at_range_end: bool = Field(False, description="The runs pull it past an end of its declared range, where the fit "
+                                                  "held it: the model misses something they measure, or the range "
+                                                  "is too narrow. False for a constant that sits on an end only "
+                                                  "because its prior does and the runs cannot see it.")
     source: str
 
 
@@ -140,8 +151,10 @@ def _predict(jobs: list[Job], profile: HardwareProfile) -> np.ndarray:
 
 
 def _fit(jobs: list[Job], measured: np.ndarray, base: HardwareProfile,
-         parameters: tuple[FitParameter, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(values, posterior widths, prior values) of the MAP fit of ``parameters`` to the runs."""
+         parameters: tuple[FitParameter, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(values, posterior widths, prior values, held at a range's end) of the MAP fit of ``parameters`` to the
+    runs; a constant is held at its range's end where it sits on a bound and the fit's objective still falls
+    beyond it by more than ``HELD_STEP`` prior widths (a Newton step on that constant alone)."""
     from scipy.optimize import least_squares
 
     priors = np.array([p.prior(base) for p in parameters])
@@ -165,13 +178,27 @@ def _fit(jobs: list[Job], measured: np.ndarray, base: HardwareProfile,
     zl, zh = (lows - priors) / widths, (highs - priors) / widths
     zh = np.maximum(zh, zl + 1e-9)
     # start strictly inside the box: a start on a bound (a spread whose prior is 0) stalls the trust region
-    inside = np.clip(z0, zl + 1e-3 * (zh - zl), zh - 1e-3 * (zh - zl))
+    inside = np.clip(z0, zl + BOUND_TOLERANCE * (zh - zl), zh - BOUND_TOLERANCE * (zh - zl))
     result = least_squares(residuals, inside, bounds=(zl, zh), diff_step=0.05, x_scale=1.0, max_nfev=60)
     values = priors + result.x * widths
     jac = result.jac[: len(jobs)]
     precision = jac.T @ jac + np.eye(len(parameters))  # in prior widths
     posterior = np.sqrt(np.diag(np.linalg.inv(precision))) * widths
-    return values, posterior, priors
+    # A constant whose prior lies on a bound (a spread of 0, an efficiency of 1) sits there whether the runs push it
+    # past the bound or cannot see it at all; only the first is the runs asking for what the range does not allow.
+    # The solver's Jacobian is no guide there (it drops a column held on a bound), so each constant on a bound is
+    # stepped inward once, and a Newton step on it alone says how much further out the objective would take it.
+    held = np.zeros(len(parameters), dtype=bool)
+    for i in range(len(parameters)):
+        span = zh[i] - zl[i]
+        outward = -1.0 if result.x[i] - zl[i] <= BOUND_TOLERANCE * span else (
+            1.0 if zh[i] - result.x[i] <= BOUND_TOLERANCE * span else 0.0)
+        if outward:
+            h = -outward * min(0.05, 0.5 * span)
+            column = (residuals(result.x + h * np.eye(len(parameters))[i]) - result.fun) / h
+            step = -(column @ result.fun) / (column @ column)
+            held[i] = step * outward > HELD_STEP
+    return values, posterior, priors, held
 
 
 def _check_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile) -> None:
@@ -199,7 +226,7 @@ def fit_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile,
     if base.host is None:
         parameters = tuple(p for p in parameters if not p.path.startswith("host."))
     before = _predict(jobs, base)
-    values, posterior, priors = _fit(jobs, measured, base, parameters)
+    values, posterior, priors, held = _fit(jobs, measured, base, parameters)
     fitted = base
     for p, v in zip(parameters, values):
         fitted = p.apply(fitted, float(v))
@@ -208,7 +235,7 @@ def fit_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile,
     if leave_one_out and len(runs) > 1:
         for i in range(len(runs)):
             keep = [k for k in range(len(runs)) if k != i]
-            v_i, _, _ = _fit([jobs[k] for k in keep], measured[keep], base, parameters)
+            v_i, _, _, _ = _fit([jobs[k] for k in keep], measured[keep], base, parameters)
             profile_i = base
             for p, v in zip(parameters, v_i):
                 profile_i = p.apply(profile_i, float(v))
@@ -245,8 +272,8 @@ def fit_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile,
     params = tuple(FittedParameter(
         name=p.name, path=p.path, prior=float(prior), value=float(v), low=p.low, high=p.high,
         prior_width=p.prior_width, posterior_width=float(p.prior_width if kept else w),
-        pinned=bool(not kept and w < PINNED_RATIO * p.prior_width),
-        source=p.source) for p, v, w, prior in zip(parameters, values, posterior, priors))
+        pinned=bool(not kept and w < PINNED_RATIO * p.prior_width), at_range_end=bool(not kept and at_end),
+        source=p.source) for p, v, w, prior, at_end in zip(parameters, values, posterior, priors, held))
     return RunFit(runs=tuple(labels), measured_s=tuple(measured.tolist()), predicted_before_s=tuple(before.tolist()),
                   predicted_after_s=tuple(after.tolist()), parameters=params, leave_one_out_errors=tuple(loo),
                   band_below=float(below), band_above=float(above), kept_profile=kept, band_source=source,
@@ -363,10 +390,7 @@ def _run_labels(runs: tuple[str, ...]) -> list[str]:
 def _verdict(p: FittedParameter) -> str:
     """Whether the runs pinned the constant; a fit that ran into its range's end says so, since the runs then
     asked for a value the range does not allow (the model misses something there, or the range is too narrow)."""
-    span = p.high - p.low
-    at_end = span > 0 and not math.isclose(p.value, p.prior, rel_tol=1e-9, abs_tol=1e-12 * span) and (
-        min(abs(p.value - p.low), abs(p.value - p.high)) <= 1e-6 * span)
-    if at_end:
+    if p.at_range_end:
         return ("yes" if p.pinned else "no") + ", at its range's end"
     if p.pinned:
         return "yes"
