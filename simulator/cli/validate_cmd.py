@@ -96,7 +96,12 @@ def _render_runs(checks: list, summary) -> str:
                      {True: "yes", False: "NO", None: "-"}[c.inside_band],
                      "its runs' band" if c.band_from_runs else c.regime or "outside every measured regime"))
     lines = _table(rows)
-    for c in checks:
+    # what every run of several shares (a flag none of their launches gave, one band) is said once, after them
+    origins = [band_origin(c.regime, c.outside_regime_reasons, c.band_from_runs) if c.band_from_runs else None
+               for c in checks]
+    shared_origin = origins[0] if len(checks) > 1 and origins[0] is not None and len(set(origins)) == 1 else None
+    shared_notes = [n for n in checks[0].notes if len(checks) > 1 and all(n in c.notes for c in checks[1:])]
+    for c, origin in zip(checks, origins):
         detail = [f"{ph.phase} {ph.predicted_s * 1e3:.1f} ms predicted, {ph.measured_s * 1e3:.1f} ms measured "
                   f"({ph.relative_error:+.1%})" for ph in c.phases if ph.relative_error is not None]
         if c.peak_allocated_bytes is not None and c.peak_allocated_bytes.relative_error is not None:
@@ -105,11 +110,14 @@ def _render_runs(checks: list, summary) -> str:
         dropped = ", ".join(f"{n} {why}" for why, n in c.intervals_dropped.items())
         lines.append(f"{Path(c.run).name}: {c.intervals_kept} intervals kept ({c.iterations_kept} iterations)"
                      + (f", dropped {dropped}" if dropped else "") + ("; " + "; ".join(detail) if detail else ""))
-        if c.band_from_runs:
-            lines.append("  band: " + band_origin(c.regime, c.outside_regime_reasons, c.band_from_runs))
+        if origin is not None and shared_origin is None:
+            lines.append("  band: " + origin)
         elif c.outside_regime_reasons:
             lines.append("  outside every measured regime: " + "; ".join(c.outside_regime_reasons))
-        lines += [f"  note: {n}" for n in c.notes]
+        lines += [f"  note: {n}" for n in c.notes if n not in shared_notes]
+    if shared_origin is not None:
+        lines.append(f"band of every run: {shared_origin}")
+    lines += [f"note, every run: {n}" for n in shared_notes]
     if summary is not None and summary.runs > 1:
         lines.append(f"{summary.runs} runs: mean absolute error {summary.mean_absolute_error:.1%}, bias "
                      f"{summary.bias:+.1%}, {summary.inside_band} of {summary.runs} inside the band, "

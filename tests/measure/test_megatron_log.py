@@ -146,6 +146,22 @@ def test_the_cluster_note_asks_for_cluster_only_when_it_was_not_given():
     assert not any("give --cluster" in n for n in notes("--cluster", "dgx-a100-80gb"))
 
 
+def test_a_note_every_run_shares_is_said_once_and_one_runs_own_beside_it():
+    """The folder's four logs were all run without --cluster: that note is said once for all of them, while each
+    run keeps its own notes beside its line, and the JSON keeps every run's notes whole."""
+    runner = CliRunner()
+    data = json.loads(runner.invoke(cli, ["validate", str(LOGS), "--megatron-args", str(LAUNCH), "--json"]).stdout)
+    shared = [n for n in data["runs"][0]["notes"] if all(n in run["notes"] for run in data["runs"])]
+    assert any("give --cluster" in n for n in shared)
+    text = runner.invoke(cli, ["validate", str(LOGS), "--megatron-args", str(LAUNCH)]).stdout.splitlines()
+    for note in shared:
+        assert text.count(f"note, every run: {note}") == 1 and f"  note: {note}" not in text
+    for run in data["runs"]:
+        for note in run["notes"]:
+            if note not in shared:
+                assert f"  note: {note}" in text, note
+
+
 # --- logs that are not one readable run: one sentence, exit 2 ----------------------------------------
 
 
