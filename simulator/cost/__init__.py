@@ -84,6 +84,13 @@ class CostModel:
         t = self.op_time_s(op)
         return t if op.kind is OpKind.collective else t * self.in_step_scale
 
+    def synchronised_op_time_s(self, op: Op) -> float:
+        """A collective the group issues with only memory-bound ops since its previous one: the ranks are still
+        together, so it pays the measured share of its in-loop time that is not waiting for them."""
+        c = op.collective
+        assert op.kind is OpKind.collective and c is not None, op.name
+        return self.op_time_s(op) * self.collectives.isolated_share(c.kind, c.bytes, Group(c.group_size, c.stride))
+
     def _op_time_s(self, op: Op) -> float:
         t = self._kernel_time_s(op)
         return t * self.tensor_core_scale if op.kind in TENSOR_CORE_KINDS else t

@@ -175,6 +175,15 @@ class CollectiveModel:
             intra_s = nbytes * (g - 1) / n / (ramp(self.nvlink, nbytes) * local.busbw_gbps * 1e9)
         return self.nvlink.latency_s + self._step_latency_s(shape) + max(inter_s, intra_s)
 
+    def isolated_share(self, kind: CollectiveKind, nbytes: float, group: Group) -> float:
+        """The share of its in-loop time a call takes when the group's ranks are still together from their previous
+        call (``LinkParams.isolated_factors``; 1 where the link has none, as NCCL's have)."""
+        if kind not in _RING_KINDS or group.size == 1:
+            return 1.0
+        shape = self.network.ring(group.size, group.stride)
+        params = self.nvlink if shape.bottleneck_class == NVLINK else self.net
+        return params.isolated_factor(kind.value, nbytes) if params.isolated_factors else 1.0
+
     def busbw_gbps(self, kind: CollectiveKind, nbytes: float, group: Group) -> float:
         """Bus bandwidth as nccl-tests reports it, for comparison with published curves."""
         return _factor(kind, group.size) * nbytes / self.time_s(kind, nbytes, group) / 1e9

@@ -332,6 +332,17 @@ class LinkParams(_Block):
                           "ends. gloo on a CPU runs its reduce-scatter two to three times slower than the "
                           "all-reduce-derived link says; NCCL's kinds agree with it to a few percent.",
     )
+    isolated_factors: dict[str, tuple[tuple[float, float], ...]] | None = Field(
+        None, description="Where the link is the in-loop timing (a call right after the layer's compute, as the step "
+                          "issues it), per kind (all_reduce, all_gather, reduce_scatter): measured (size_bytes, time of "
+                          "the call issued alone with the ranks entering together over its in-loop time) points, "
+                          "sizes increasing, at most 1. A collective the group issues with only memory-bound ops "
+                          "since its previous one (sequence parallelism's all-gather after the reduce-scatter, a "
+                          "layer norm between) finds the ranks still together and pays that share of its in-loop "
+                          "time: the wait for the other ranks' compute, and for a sleeping rank to be woken, is what "
+                          "the rest was. None: every call pays its in-loop time (NCCL's link is nccl-tests' "
+                          "back-to-back timing, which has no such wait).",
+    )
     nvls_max_busbw_gbps: float | None = Field(
         None, **_GBPS, description="All-reduce bus bandwidth with NVLink SHARP (Hopper and later), GB/s."
     )
@@ -362,6 +373,10 @@ class LinkParams(_Block):
                 raise ValueError(f"kind_factors has {kind!r}; use all_gather, reduce_scatter or all_to_all (the link "
                                  "itself is the all-reduce's)")
             _check_curve(f"kind_factors[{kind!r}]", c, "factor", lambda f: 0.01 <= f <= 100, "factors from 0.01 to 100")
+        for kind, c in (self.isolated_factors or {}).items():
+            if kind not in ("all_reduce", "all_gather", "reduce_scatter"):
+                raise ValueError(f"isolated_factors has {kind!r}; use all_reduce, all_gather or reduce_scatter")
+            _check_curve(f"isolated_factors[{kind!r}]", c, "factor", lambda f: 0.01 <= f <= 1, "factors from 0.01 to 1")
         for ranks, c in (self.all_reduce_curves or {}).items():
             if not 2 <= ranks <= 1024:
                 raise ValueError(f"all_reduce_curves has a curve for {ranks} ranks; a curve is for 2 to 1024 ranks")
@@ -371,6 +386,12 @@ class LinkParams(_Block):
     def kind_factor(self, kind: str, nbytes: float) -> float:
         """The measured correction of collectives of ``kind`` at ``nbytes`` (1 where none was measured)."""
         curve = (self.kind_factors or {}).get(kind)
+        return interpolate_log_log(curve, nbytes) if curve else 1.0
+
+    def isolated_factor(self, kind: str, nbytes: float) -> float:
+        """The share of its in-loop time a call of ``kind`` at ``nbytes`` takes with the ranks still together (1 where
+        none was measured)."""
+        curve = (self.isolated_factors or {}).get(kind)
         return interpolate_log_log(curve, nbytes) if curve else 1.0
 
 

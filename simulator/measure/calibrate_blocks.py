@@ -329,6 +329,14 @@ def _fit_collectives(raw: dict, base: HardwareProfile | None,
         sources["kind_factors"] = (f"the {backend} {', '.join(factors)} timings ({how[mode]}) over the link's time for "
                                    "them: the backend's own cost of each kind (inner sizes: the median of three "
                                    "neighbouring sizes' factors)")
+    if mode == "in_loop":
+        isolated = _isolated_factors({k: (by[(k, "isolated")], by[(k, "in_loop")])
+                                      for k in ("all_reduce", "all_gather", "reduce_scatter")})
+        if isolated:
+            link["isolated_factors"] = isolated
+            sources["isolated_factors"] = (f"the {backend} {', '.join(isolated)} timings of each call alone, the ranks "
+                                           "entering together, over the same call's in-loop timing at each size "
+                                           "(inner sizes: the median of three neighbouring sizes' shares)")
     if cpu:
         network = LinkParams(latency_s=p["latency_s"] / ar_steps, **link, fits=tuple(fits),
                              sources={**sources, "latency_s": f"fitted all-reduce latency / {ar_steps} inter-node "
@@ -396,6 +404,27 @@ def _kind_factors(rows_by_kind: dict[str, list[dict]], link_time_s) -> dict[str,
             by_size.setdefault(float(r["bytes"]), []).append(float(r["time_s"]))
         sizes = sorted(by_size)
         raw = [min(100.0, max(0.01, statistics.median(by_size[size]) / link_time_s(kind, size))) for size in sizes]
+        smooth = [raw[i] if i in (0, len(raw) - 1) else statistics.median(raw[i - 1:i + 2]) for i in range(len(raw))]
+        if len(sizes) >= 2:
+            factors[kind] = tuple(zip(sizes, smooth))
+    return factors
+
+
+def _isolated_factors(rows_by_kind: dict[str, tuple[list[dict], list[dict]]]) -> dict[str, tuple[tuple[float, float], ...]]:
+    """Per kind, (size, isolated time / in-loop time) at the sizes timed both ways, where there are at least two;
+    at most 1 (a call cannot gain from waiting), each inner size the median of its own share and its neighbours'
+    (the in-loop tail, as ``_kind_factors`` says)."""
+    factors = {}
+    for kind, (alone, in_loop) in rows_by_kind.items():
+        def by_size(rows: list[dict]) -> dict[float, float]:
+            sizes: dict[float, list[float]] = {}
+            for r in rows:
+                sizes.setdefault(float(r["bytes"]), []).append(float(r["time_s"]))
+            return {size: statistics.median(times) for size, times in sizes.items()}
+
+        a, b = by_size(alone), by_size(in_loop)
+        sizes = sorted(set(a) & set(b))
+        raw = [min(1.0, max(0.01, a[size] / b[size])) for size in sizes]
         smooth = [raw[i] if i in (0, len(raw) - 1) else statistics.median(raw[i - 1:i + 2]) for i in range(len(raw))]
         if len(sizes) >= 2:
             factors[kind] = tuple(zip(sizes, smooth))

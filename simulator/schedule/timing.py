@@ -6,7 +6,9 @@ and its stream is free. A collective that Megatron issues asynchronously (the in
 all-reduce or reduce-scatter during the weight-gradient GEMM) therefore overlaps compute by
 construction, and one that the next op waits for is exposed. While the two streams overlap,
 NCCL's kernels take SMs and memory bandwidth from the compute kernels; the profile's
-``overlap_compute_slowdown`` stretches the overlapped span by that fraction.
+``overlap_compute_slowdown`` stretches the overlapped span by that fraction. A collective issued with
+only memory-bound ops since its group's previous one finds the ranks still together and pays the
+profile's measured share alone of its in-loop time (``LinkParams.isolated_factors``).
 
 The engine plays pipeline steps, not ops: a chunk of n identical layers takes n times the
 layer's phase time, so a simulation costs the same for any layer count.
@@ -20,7 +22,8 @@ from typing import NamedTuple, Protocol
 
 import networkx as nx
 
-from simulator.graph.layers import LayerKey, Op, Stream, _embedding_extras, _output_extras, layer_graph, ordered_ops
+from simulator.graph.layers import (LayerKey, Op, OpKind, Stream, _embedding_extras, _output_extras, layer_graph,
+                                    ordered_ops)
 from simulator.spec.model import ModelSpec
 from simulator.spec.plan import Job, RecomputeGranularity
 from simulator.spec.value_cache import ValueCache
@@ -135,6 +138,7 @@ def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | 
     asynchronous = getattr(cost, "asynchronous", True)
     host_time = getattr(cost, "host_time_s", None)
     step_time = getattr(cost, "step_op_time_s", cost.op_time_s)
+    synchronised_time = getattr(cost, "synchronised_op_time_s", None)
     stream_free = {Stream.compute: 0.0, Stream.tp_comm: 0.0}
     cold_free = {Stream.compute: 0.0, Stream.tp_comm: 0.0}
     intervals: list[OpInterval] = []
@@ -145,8 +149,8 @@ def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | 
     for graph, is_backward in zip(graphs, backward):
         end: dict[str, float] = {}
         cold_end: dict[str, float] = {}
-        for op, name, stream, preds in _schedule(graph):
-            t = step_time(op)
+        for op, name, stream, preds, together in _schedule(graph):
+            t = synchronised_time(op) if together and synchronised_time is not None else step_time(op)
             host = host_time(op, is_backward) if host_time is not None else 0.0
             if asynchronous:
                 ready = max([end[p] for p in preds]) if preds else t0
@@ -181,13 +185,38 @@ def play(graphs: list[nx.DiGraph], cost: OpCoster, backward: tuple[bool, ...] | 
 
 
 def _schedule(graph: nx.DiGraph) -> tuple:
-    """(op, name, stream, predecessors) of each op of ``graph`` in play order, kept on the graph beside its order
-    (graphs are never changed once built, and each is played under many cost models)."""
+    """(op, name, stream, predecessors, ranks together) of each op of ``graph`` in play order, kept on the graph
+    beside its order (graphs are never changed once built, and each is played under many cost models)."""
     steps = graph.graph.get("schedule")
     if steps is None:
-        steps = graph.graph["schedule"] = tuple((op, op.name, op.stream, tuple(graph.predecessors(op.name)))
-                                                for op in ordered_ops(graph))
+        ops = ordered_ops(graph)
+        together = _ranks_together(ops)
+        steps = graph.graph["schedule"] = tuple((op, op.name, op.stream, tuple(graph.predecessors(op.name)),
+                                                 op.name in together) for op in ops)
     return steps
+
+
+def _ranks_together(ops: list[Op]) -> set[str]:
+    """The collectives issued with only memory-bound ops since their group's previous collective, the layer's ops
+    taken as repeating layer after layer (before its first collective come the previous layer's last ops): what
+    sets ranks apart before a collective is the GEMMs and attention each ran alone, and a layer norm or a
+    dropout-add is too short to. Sequence parallelism's all-gather after the reduce-scatter is the case."""
+    together = set()
+    n = len(ops)
+    for i, op in enumerate(ops):
+        if op.kind is not OpKind.collective or op.collective is None:
+            continue
+        group = (op.collective.group_size, op.collective.stride)
+        for back in range(1, n + 1):
+            prev = ops[(i - back) % n]
+            if prev.kind is OpKind.collective and prev.collective is not None:
+                if (prev.collective.group_size, prev.collective.stride) == group:
+                    if back < n:  # not the op itself, come round: a layer with one collective
+                        together.add(op.name)
+                    break
+            elif prev.kind is not OpKind.elementwise:
+                break
+    return together
 
 
 def _overlap_s(intervals: list[OpInterval]) -> float:

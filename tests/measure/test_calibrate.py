@@ -701,3 +701,29 @@ def test_one_noisy_size_does_not_make_a_kind_factor_but_a_trend_does():
     rising = [1.5, 1.8, 2.2, 2.7, 3.2]
     assert [f for _, f in _kind_factors({"reduce_scatter": rows(rising)}, one)["reduce_scatter"]] == pytest.approx(rising)
     assert [s for s, _ in spiked] == [1024 * 4**i for i in range(5)]
+
+
+def test_each_kind_keeps_its_share_alone_of_its_in_loop_time():
+    """The committed CPU measurement timed every kind both alone (ranks entering together) and in the loop (right
+    after the layer's compute): the profile keeps alone / in-loop per size, never above 1, where both were timed."""
+    from pathlib import Path
+
+    raw = read_raw(Path(__file__).resolve().parents[2] / "reports" / "cpu-validation" / "cpu-profile-raw.json")
+    link = fit_profile(raw).profile.collectives.network
+    assert set(link.isolated_factors) == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert "isolated_factors" in link.sources
+    for kind, curve in link.isolated_factors.items():
+        alone = {r["bytes"] for r in raw["collectives"] if r["kind"] == kind and r["mode"] == "isolated"}
+        looped = {r["bytes"] for r in raw["collectives"] if r["kind"] == kind and r["mode"] == "in_loop"}
+        assert [size for size, _ in curve] == sorted(alone & looped)
+        assert all(0 < f <= 1 for _, f in curve)
+        # small calls are mostly the wait for the other rank: alone they take well under their in-loop time
+        assert curve[0][1] < 0.8
+
+
+def test_isolated_factors_above_one_are_refused():
+    base = default_profile("A100-SXM4-80GB").collectives.nvlink.model_dump()
+    with pytest.raises(ValueError, match="factors from 0.01 to 1"):
+        type(default_profile("A100-SXM4-80GB").collectives.nvlink)(
+            **{**base, "isolated_factors": {"all_gather": ((1.0, 0.5), (2.0, 1.5))},
+               "sources": {**base["sources"], "isolated_factors": "test"}})
