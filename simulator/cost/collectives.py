@@ -182,7 +182,7 @@ class CollectiveModel:
             return 1.0
         shape = self.network.ring(group.size, group.stride)
         params = self.nvlink if shape.bottleneck_class == NVLINK else self.net
-        return params.isolated_factor(kind.value, nbytes) if params.isolated_factors else 1.0
+        return params.isolated_factor(kind.value, nbytes)
 
     def busbw_gbps(self, kind: CollectiveKind, nbytes: float, group: Group) -> float:
         """Bus bandwidth as nccl-tests reports it, for comparison with published curves."""

@@ -385,14 +385,17 @@ class LinkParams(_Block):
 
     def kind_factor(self, kind: str, nbytes: float) -> float:
         """The measured correction of collectives of ``kind`` at ``nbytes`` (1 where none was measured)."""
-        curve = (self.kind_factors or {}).get(kind)
-        return interpolate_log_log(curve, nbytes) if curve else 1.0
+        return _factor_at(self.kind_factors, kind, nbytes)
 
     def isolated_factor(self, kind: str, nbytes: float) -> float:
         """The share of its in-loop time a call of ``kind`` at ``nbytes`` takes with the ranks still together (1 where
         none was measured)."""
-        curve = (self.isolated_factors or {}).get(kind)
-        return interpolate_log_log(curve, nbytes) if curve else 1.0
+        return _factor_at(self.isolated_factors, kind, nbytes)
+
+
+def _factor_at(curves: dict[str, tuple[tuple[float, float], ...]] | None, kind: str, nbytes: float) -> float:
+    curve = (curves or {}).get(kind)
+    return interpolate_log_log(curve, nbytes) if curve else 1.0
 
 
 class HostParams(_Block):

@@ -387,6 +387,20 @@ def _collectives_shortfall(raw: dict, all_reduce: int, send_recv: int) -> str:
     return have
 
 
+def _median_by_size(rows: list[dict]) -> dict[float, float]:
+    """The median time of each size's points."""
+    by_size: dict[float, list[float]] = {}
+    for r in rows:
+        by_size.setdefault(float(r["bytes"]), []).append(float(r["time_s"]))
+    return {size: statistics.median(times) for size, times in by_size.items()}
+
+
+def _neighbour_median(points: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """(size, factor) points with each inner factor the median of its own and its two neighbours'."""
+    return tuple((size, f if i in (0, len(points) - 1) else statistics.median(x for _, x in points[i - 1:i + 2]))
+                 for i, (size, f) in enumerate(points))
+
+
 def _kind_factors(rows_by_kind: dict[str, list[dict]], link_time_s) -> dict[str, tuple[tuple[float, float], ...]]:
     """Per kind, (size, measured time / the link's time) over its sweep, where it has at least two sizes; each
     inner size takes the median of its own factor and its two neighbours'.
@@ -399,14 +413,10 @@ def _kind_factors(rows_by_kind: dict[str, list[dict]], link_time_s) -> dict[str,
     factor rising or falling with size) passes a median of three unchanged."""
     factors = {}
     for kind, rows in rows_by_kind.items():
-        by_size: dict[float, list[float]] = {}
-        for r in rows:
-            by_size.setdefault(float(r["bytes"]), []).append(float(r["time_s"]))
-        sizes = sorted(by_size)
-        raw = [min(100.0, max(0.01, statistics.median(by_size[size]) / link_time_s(kind, size))) for size in sizes]
-        smooth = [raw[i] if i in (0, len(raw) - 1) else statistics.median(raw[i - 1:i + 2]) for i in range(len(raw))]
-        if len(sizes) >= 2:
-            factors[kind] = tuple(zip(sizes, smooth))
+        times = _median_by_size(rows)
+        if len(times) >= 2:
+            factors[kind] = _neighbour_median([(size, min(100.0, max(0.01, times[size] / link_time_s(kind, size))))
+                                               for size in sorted(times)])
     return factors
 
 
@@ -416,18 +426,10 @@ def _isolated_factors(rows_by_kind: dict[str, tuple[list[dict], list[dict]]]) ->
     (the in-loop tail, as ``_kind_factors`` says)."""
     factors = {}
     for kind, (alone, in_loop) in rows_by_kind.items():
-        def by_size(rows: list[dict]) -> dict[float, float]:
-            sizes: dict[float, list[float]] = {}
-            for r in rows:
-                sizes.setdefault(float(r["bytes"]), []).append(float(r["time_s"]))
-            return {size: statistics.median(times) for size, times in sizes.items()}
-
-        a, b = by_size(alone), by_size(in_loop)
+        a, b = _median_by_size(alone), _median_by_size(in_loop)
         sizes = sorted(set(a) & set(b))
-        raw = [min(1.0, max(0.01, a[size] / b[size])) for size in sizes]
-        smooth = [raw[i] if i in (0, len(raw) - 1) else statistics.median(raw[i - 1:i + 2]) for i in range(len(raw))]
         if len(sizes) >= 2:
-            factors[kind] = tuple(zip(sizes, smooth))
+            factors[kind] = _neighbour_median([(size, min(1.0, max(0.01, a[size] / b[size]))) for size in sizes])
     return factors
 
 

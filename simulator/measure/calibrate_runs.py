@@ -150,11 +150,12 @@ def _predict(jobs: list[Job], profile: HardwareProfile) -> np.ndarray:
     return np.array([estimate(job, profile).iteration_time_s for job in jobs])
 
 
-def _fit(jobs: list[Job], measured: np.ndarray, base: HardwareProfile,
-         parameters: tuple[FitParameter, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _fit(jobs: list[Job], measured: np.ndarray, base: HardwareProfile, parameters: tuple[FitParameter, ...],
+         ends: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(values, posterior widths, prior values, held at a range's end) of the MAP fit of ``parameters`` to the
     runs; a constant is held at its range's end where it sits on a bound and the fit's objective still falls
-    beyond it by more than ``HELD_STEP`` prior widths (a Newton step on that constant alone)."""
+    beyond it by more than ``HELD_STEP`` prior widths (a Newton step on that constant alone); ``ends=False`` leaves
+    that out (all False), for fits whose values alone are wanted."""
     from scipy.optimize import least_squares
 
     priors = np.array([p.prior(base) for p in parameters])
@@ -189,7 +190,7 @@ def _fit(jobs: list[Job], measured: np.ndarray, base: HardwareProfile,
     # The solver's Jacobian is no guide there (it drops a column held on a bound), so each constant on a bound is
     # stepped inward once, and a Newton step on it alone says how much further out the objective would take it.
     held = np.zeros(len(parameters), dtype=bool)
-    for i in range(len(parameters)):
+    for i in range(len(parameters) if ends else 0):
         span = zh[i] - zl[i]
         outward = -1.0 if result.x[i] - zl[i] <= BOUND_TOLERANCE * span else (
             1.0 if zh[i] - result.x[i] <= BOUND_TOLERANCE * span else 0.0)
@@ -235,7 +236,7 @@ def fit_runs(runs: list[tuple[str, Job, float]], base: HardwareProfile,
     if leave_one_out and len(runs) > 1:
         for i in range(len(runs)):
             keep = [k for k in range(len(runs)) if k != i]
-            v_i, _, _, _ = _fit([jobs[k] for k in keep], measured[keep], base, parameters)
+            v_i, _, _, _ = _fit([jobs[k] for k in keep], measured[keep], base, parameters, ends=False)
             profile_i = base
             for p, v in zip(parameters, v_i):
                 profile_i = p.apply(profile_i, float(v))
